@@ -35,6 +35,13 @@ def _usage() -> None:
     with jl.StreamLoader(streams, batch_size=2, transforms=jl.Filter(bool)) as loader:
         loader.state_dict()
     jl.profile(loader, out=Path("profile.png"))
+    n = np.int64(4)  # (NumPy ints where counts go, as the getting-started page says)
+    jl.DataLoader(web, batch_size=2, shuffle=jl.LocalShuffle(window=n, block_size=n),
+                  transforms=[jl.Pad("x", multiple_of=n), jl.Pad("x", length={"x": n})])
+    jl.PackedSource(web, "x", n, bins=n, window=n)
+    jl.PackedStream(jl.Stream.jsonl("a.jsonl"), "t", n, method="best_fit", bins=n, window=n)
+    jl.ParquetSource("a.parquet", cache_bytes=n * 1024)
+    jl.profile(loader, steps=n)
     jl.FileListSource(["a.jpg"], labels=np.array([1]))
     jl.checkpoint.LoaderSave
     jl.DataLoder(web, batch_size=2)  # type: ignore[attr-defined]

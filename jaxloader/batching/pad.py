@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import Int, check_int
 from jaxloader.base.loader_names import loader_names
 from jaxloader.base.number_kinds import cast_kept, finfo_of, held_as, ml_number, number_kind
 from jaxloader.base.errors import CollateError, ConfigError
@@ -73,8 +73,8 @@ class Pad:
     """
 
     def __init__(self, keys: str | Sequence[str], *, value: Any = 0,
-                 multiple_of: int | dict[str, int] = 1,
-                 length: int | dict[str, int] | None = None,
+                 multiple_of: Int | dict[str, Int] = 1,
+                 length: Int | dict[str, Int] | None = None,
                  length_suffix: str | None = "_length", dtype: Any = None) -> None:
         named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, Sequence) and not isinstance(keys, bytes) else None  # (a config's ListConfig

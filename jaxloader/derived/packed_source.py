@@ -80,7 +80,7 @@ class PackedSource:
 
     def __init__(self, source: Source, keys: str | Iterable[str], length: Int | Mapping[str, Int],
                  *, method: packing_plan.Method = "best_fit",
-                 bins: int = 16, window: int = 10_000,
+                 bins: Int = 16, window: Int = 10_000,
                  overlong: packing_plan.Overlong = "split", seed: Int | None = 0,
                  lengths: np.ndarray | str | os.PathLike | None = None,
                  value: Any = 0) -> None:

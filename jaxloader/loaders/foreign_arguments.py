@@ -27,8 +27,9 @@ _REMEDIES = {
                   "pad or crop them in a Map (token sequences: jaxloader.PackedSource); to "
                   "change a whole batch, pass transforms=[..., jaxloader.BatchMap(fn)]",
     "pin_memory": "pass sharding= (and device_prefetch=) to have batches placed on the "
-                  "devices by a background thread; on a GPU the workers' slots are "
-                  "page-locked for the copies, nothing to set",
+                  "devices ahead of the step (one device's copies by a background thread, "
+                  "several devices' dispatched asynchronously from next()); on a GPU the "
+                  "workers' slots are page-locked for the copies, nothing to set",
     "prefetch_factor": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
     "persistent_workers": "nothing to set: workers live as long as the loader; close() ends "
                           "them",
@@ -46,9 +47,9 @@ _REMEDIES = {
     "multiprocessing_context": "use start_method= ('exec', the default, or 'fork')",
     "in_order": "nothing to set: batches always come in order",
     "pin_memory_device": "pass sharding= (a device, a mesh's sharding): batches are placed "
-                         "there by a background thread",
+                         "there ahead of the step (device_prefetch=)",
     # flax.jax_utils.prefetch_to_device(iterator, size), a mesh or devices to place on
-    "prefetch_to_device": "use device_prefetch= (batches kept placed ahead, by a thread) with "
+    "prefetch_to_device": "use device_prefetch= (batches kept placed ahead) with "
                           "sharding=",
     "mesh": "pass sharding=jaxloader.data_sharding(mesh, 'data') (the batch axis over the "
             "mesh's 'data' axis), or a NamedSharding(mesh, spec)",

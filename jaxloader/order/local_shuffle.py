@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.order.index_shuffle import EXACT_UP_TO, IndexShuffle, splitmix64
 
@@ -39,7 +39,7 @@ _BLOCK_ORDER_KEY = 0x5EED_B10C  # distinct keys for the block order and the wind
 MAX_BLOCKS = 1 << 27  # blocks of a read-local order at most: ~4 GiB of their arrays
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)  # (its __init__ takes NumPy ints)
 class LocalShuffle:
     """``shuffle=LocalShuffle(window=8)``: shuffle blocks, and records within windows of blocks.
 
@@ -55,13 +55,13 @@ class LocalShuffle:
     window: int = 8
     block_size: int | None = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "window", check_int(  # (frozen; a NumPy int as a Python int)
-            "LocalShuffle(window)", self.window, low=1, remedy="blocks shuffled together"))
-        if self.block_size is not None:
-            object.__setattr__(self, "block_size", check_int(
-                "LocalShuffle(block_size)", self.block_size, low=1,
-                remedy="records a block, or None for the source's own blocks"))
+    def __init__(self, window: Int = 8, block_size: Int | None = None) -> None:
+        # (frozen; a NumPy int taken, kept as a Python int)
+        object.__setattr__(self, "window", check_int(
+            "LocalShuffle(window)", window, low=1, remedy="blocks shuffled together"))
+        object.__setattr__(self, "block_size", None if block_size is None else check_int(
+            "LocalShuffle(block_size)", block_size, low=1,
+            remedy="records a block, or None for the source's own blocks"))
 
     def block_starts(self, source: object, num_records: int) -> np.ndarray:
         """Where each block starts, and ``num_records`` last."""

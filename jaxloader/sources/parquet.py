@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base.batch_rows import split_rows
-from jaxloader.base.checks import check_bool, check_int, int_indices, record_index
+from jaxloader.base.checks import Int, check_bool, check_int, int_indices, record_index
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.order.local_shuffle import LocalShuffle
@@ -76,7 +76,7 @@ class ParquetSource:
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
                  columns: str | Sequence[str] | None = None,
-                 cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
+                 cache_bytes: Int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
         cache_bytes = check_int("ParquetSource(cache_bytes=...)", cache_bytes, low=0,
                                 remedy="a number of bytes (0: no row group kept)")
         self.paths = expand(paths, ".parquet", "ParquetSource", dataset=True)

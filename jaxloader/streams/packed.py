@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
-from jaxloader.base.checks import check_int, check_one_argument
+from jaxloader.base.checks import Int, check_int, check_one_argument
 from jaxloader.base.loader_names import loader_names
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import check_fill, fill_values, fills_said
@@ -87,11 +87,11 @@ class PackedStream:
         [[97, 98, 0, 0], [99, 100, 101, 0]]
     """
 
-    def __init__(self, stream: StreamLike, key: str | Sequence[str], length: int,
+    def __init__(self, stream: StreamLike, key: str | Sequence[str], length: Int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
                  dtype: Any = np.int32, *,
-                 method: packing_plan.Method | None = None, bins: int = 16,
-                 window: int = 1000, overlong: packing_plan.Overlong = "split",
+                 method: packing_plan.Method | None = None, bins: Int = 16,
+                 window: Int = 1000, overlong: packing_plan.Overlong = "split",
                  value: Any = 0) -> None:
         from jaxloader.streams.mixed import MixedStream
         from jaxloader.streams.reader import Stream, as_stream
