@@ -162,7 +162,19 @@ class ArraySource:
     def __len__(self) -> int:
         return self._len
 
+    def check_mapped(self, soon: bool = False) -> None:
+        """Refuses a memory-mapped array's file changed in place since the source was made,
+        as ``RaggedSource.check_mapped`` does: before each batch a loader makes of it, records
+        read one by one (under a ``Map``) too; ``soon``: at most every 10 ms (a record read
+        outside a loader)."""
+        if self._mapped.stamps and soon:
+            self._mapped.soon()
+        elif self._mapped.stamps:
+            self._mapped.check()
+
     def __getitem__(self, index: int) -> Any:
+        if self._mapped.stamps:
+            self._mapped.soon()
         if type(index) is not int and not isinstance(index, (slice, list)) and not (
                 isinstance(index, np.ndarray) and index.ndim):  # (rows at once: NumPy's)
             # True read every record, under one more axis; a float raised NumPy's error
