@@ -57,6 +57,12 @@ class FileListSource:
                 f"{type(bad).__name__} {bad!r:.80}") from None
         if not self.paths:
             raise ConfigError("FileListSource(paths): expected at least one path, got none")
+        # each local file as found from this folder, opened so (a worker started after an
+        # os.chdir read the files of another folder, of the same names, without a word); a
+        # record's "path" stays as given (a Map may take the class from it)
+        here = os.getcwd()
+        self._opened = [p if "://" in p or os.path.isabs(p) else os.path.join(here, p)
+                        for p in self.paths]
         self.labels: np.ndarray | None = None
         if labels is not None:
             if not hasattr(labels, "__len__") or isinstance(labels, (str, bytes, dict)):
@@ -103,7 +109,7 @@ class FileListSource:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = record_index(index, len(self.paths), "FileListSource", from_end=True)
-        path = self.paths[index]
+        path = self._opened[index]
         try:
             data = _read_bytes(path)
         except OSError as e:
@@ -114,7 +120,7 @@ class FileListSource:
         except MemoryError as e:  # (its message is empty: the file is what says why)
             raise MemoryError(f"FileListSource: file {path!r} (record {index}) does not fit "
                               "in this process's memory") from e
-        record: dict[str, Any] = {"path": path, "data": data}
+        record: dict[str, Any] = {"path": self.paths[index], "data": data}
         if self.labels is not None:
             record["label"] = self.labels[index]
         return record

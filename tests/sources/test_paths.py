@@ -440,3 +440,19 @@ def test_relative_paths_are_read_from_where_they_were_given(tmp_path, monkeypatc
     with jl.StreamLoader(stream, batch_size=4, num_workers=1, num_epochs=1, process_index=0,
                          process_count=1) as loader:
         assert sorted(np.concatenate([b["x"] for b in loader]).tolist()) == list(range(8))
+    # a FileListSource's too: after the os.chdir, another folder's files of the same names
+    # were read, without a word (the file sources audit); a record's "path" stays as given
+    (data / "img").mkdir()
+    (tmp_path / "img").mkdir()
+    for i in range(4):
+        (data / "img" / f"{i}.bin").write_bytes(b"data-%d" % i)
+        (tmp_path / "img" / f"{i}.bin").write_bytes(b"other-%d" % i)
+    monkeypatch.chdir(data)
+    files = jl.FileListSource([f"img/{i}.bin" for i in range(4)])
+    monkeypatch.chdir(tmp_path)
+    for workers in (0, 2):
+        with jl.DataLoader(files, batch_size=4, num_workers=workers, process_index=0,
+                           process_count=1) as loader:
+            batch = next(iter(loader))
+        assert batch["data"].tolist() == [b"data-%d" % i for i in range(4)], workers
+        assert batch["path"].tolist() == [f"img/{i}.bin" for i in range(4)]
