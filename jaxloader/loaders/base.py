@@ -101,16 +101,14 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
                 f"{mask!r}, the pad mask's leaf each batch holds (last_batch='pad', or a "
                 f"StreamLoader's num_epochs=): add {mask!r}: a sharding of the batch axis "
                 "(jaxloader.data_sharding(mesh)), or pass one sharding for every leaf")
+        from jaxloader.sharding.given import local_only
         from jaxloader.sharding.process_place import process_place
         from jaxloader.sharding.put import Putter
 
         batch_size, index, count = self._placement
         import jax
 
-        here = [d.process_index == jax.process_index() for s in jax.tree_util.tree_leaves(
-            sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)) for d in
-                getattr(s, "device_set", ())]  # (a mesh of this process's devices alone:
-        if count != jax.process_count() and not (count == 1 and all(here)):  # its own batch)
+        if count != jax.process_count() and not (count == 1 and local_only(sharding)):
             raise ConfigError(
                 f"sharding= with process_count={count}, where JAX runs {jax.process_count()} "
                 "process(es) (jax.process_count()): a sharded batch is one global jax.Array "

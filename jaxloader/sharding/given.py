@@ -74,3 +74,14 @@ def as_shardings(sharding: Any) -> Any:
                 f"axes are {tuple(mesh.axis_names)}; name one of those (a typo?)")
         return NamedSharding(mesh, x)
     return jax.tree_util.tree_map(one, sharding, is_leaf=_is_placement)
+
+
+def local_only(sharding: Any) -> bool:
+    """Whether every device ``sharding`` places on is this process's (a mesh of
+    ``jax.local_devices()``: a loader of ``process_count=1`` places its own batch there)."""
+    try:
+        return all(d.process_index == jax.process_index() for s in jax.tree_util.tree_leaves(
+            sharding, is_leaf=lambda x: isinstance(x, Sharding))
+            for d in getattr(s, "device_set", ()))
+    except ValueError:  # (an AbstractMesh's: no devices; refused as before)
+        return False
