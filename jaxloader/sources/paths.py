@@ -78,7 +78,7 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         suffixes = (suffix,) if isinstance(suffix, str) else suffix
         if any(c in path for c in PATTERN) and (remote or not os.path.isdir(path)):
             # (a folder named with [ or ? is that folder: "run[1]" matched run1, silently)
-            found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
+            found = (_remote_glob(path, owner, dataset) if remote else sorted({  # a folder (a
                 g for f in pattern_matches(path, owner, reals)  # Spark output's train.parquet):
                 for g in (_files_in(f, suffixes, dataset, owner, left_out, reals)
                           if os.path.isdir(f)
@@ -257,9 +257,11 @@ def _not_folder(path: str, owner: str) -> bool:
     return True
 
 
-def _remote_glob(pattern: str, owner: str) -> list[str]:
+def _remote_glob(pattern: str, owner: str, dataset: bool = False) -> list[str]:
     """``gs://bucket/dir/train-*.parquet``: the files of the folder whose names match,
-    listed through ``etils.epath`` (a pattern in the file name only)."""
+    listed through ``etils.epath`` (a pattern in the file name only), those a local pattern
+    leaves out left out as well: a name with a dot first (glob's rule), or, for a
+    ``dataset``, an underscore (a job's ``_tmp.parquet``), unless the pattern names it so."""
 
     from etils import epath
 
@@ -270,7 +272,8 @@ def _remote_glob(pattern: str, owner: str) -> list[str]:
             "may match file names only (gs://bucket/dir/train-*.parquet): pass one a folder"
         )
     names = sorted(p.name for p in epath.Path(folder).iterdir())
-    return [f"{folder}/{n}" for n in names if fnmatch.fnmatchcase(n, name)]
+    return [f"{folder}/{n}" for n in names if fnmatch.fnmatchcase(n, name) and not (
+        left_out(n, dataset) and not left_out(name, dataset))]
 
 
 def path_names(paths: Sequence[str]) -> list[str]:

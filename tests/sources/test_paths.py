@@ -169,6 +169,14 @@ def test_a_remote_pattern_lists_its_folder_through_epath(gcs):
           "bucket/data/test-0.parquet")
     assert expand("gs://bucket/data/train-*.parquet", ".parquet", "S") == [
         "gs://bucket/data/train-0.parquet", "gs://bucket/data/train-1.parquet"]
+    # names a local pattern leaves out: a dot first, a dataset's underscore (the same pattern
+    # over a bucket read a checksum file and a job's temporary output; the file sources audit)
+    touch(root, "bucket/data/.train-2.parquet.crc.parquet", "bucket/data/_train-3.parquet")
+    assert [os.path.basename(p) for p in expand("gs://bucket/data/*train-*.parquet",
+                                                ".parquet", "S", dataset=True)] == [
+        "train-0.parquet", "train-1.parquet"]
+    assert [os.path.basename(p) for p in expand("gs://bucket/data/_*.parquet", ".parquet", "S",
+                                                dataset=True)] == ["_train-3.parquet"]
     with pytest.raises(jl.ConfigError, match="a pattern in a folder's name"):
         expand("gs://bucket/*/train-*.parquet", ".parquet", "S")
     with pytest.raises(jl.ConfigError, match="matches no file"):
