@@ -47,7 +47,8 @@ def pattern_matches(pattern: str, owner: str, reals: dict[str, str]) -> list[str
     for top, files in walked + _through_links(walked, links, reals):
         inner = [] if top == root else os.path.relpath(top, root).split(os.sep)
         for names in [inner] + ([] if folders_only else [inner + [name] for name in files]):
-            if _matched(tuple(names), wanted):  # (the root too: "x/**" names "x/", as glob)
+            if _matched(tuple(names), wanted) and (names or head):  # (the root too: "x/**"
+                # names "x/", as glob; "**" from the folder here does not name it, "")
                 found.append(os.path.join(head, *names, *[""] * (folders_only or not names)))
     return found
 

@@ -345,6 +345,8 @@ def test_a_double_star_pattern_over_links_to_parents_returns_each_file_once(tmp_
     monkeypatch.chdir(tmp_path / "d")  # (a relative pattern: its files as glob names them)
     assert names(expand("**/*.jsonl", ".jsonl", "S")) == [
         "d/sub/deeper/y.jsonl", "d/sub/x.jsonl", "d/top.jsonl"]
+    assert names(expand("**", ".jsonl", "S")) == [  # (it named the folder here as "", whose
+        "d/sub/deeper/y.jsonl", "d/sub/x.jsonl", "d/top.jsonl"]  # relpath raised ValueError)
     assert jl.Stream.jsonl(str(tmp_path / "d" / "**" / "*.jsonl")) is not None
 
 
