@@ -134,3 +134,8 @@ def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
     for bad in (-1, 3):
         with pytest.raises(IndexError, match=rf"ArrayRecordSource: index {bad} out of range"):
             src.__getitems__(np.array([bad]))
+    # a record read alone counts from the end, as FileListSource's and ArraySource's do (it
+    # raised IndexError for -1); a batch's indices are the loader's, never negative
+    assert src[-1] == src[2] and src[-3] == src[0]
+    with pytest.raises(IndexError, match=r"ArrayRecordSource: index -4 out of range"):
+        src[-4]
