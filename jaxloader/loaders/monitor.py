@@ -54,6 +54,8 @@ READS_WAIT = 0.30  # workers off the CPU this share of their busy time: reads wa
 READ_WAIT_FACTOR = 4  # then up to this many workers a core, or 1 / the share on the CPU
 MAX_READ_WAIT_FACTOR = 16  # (a read waiting 95% of the time: 16 a core at most)
 MAX_WORKERS = 64
+WORKER_DESCRIPTORS = 5  # this process's descriptors a worker the tuner may start (its pipes,
+# status and stack files, pidfd), of which at most half of those left: the rest the slots'
 RETRY_WINDOWS = 30  # a ceiling or floor found holds this many windows, then may be tried again
 MAX_PREFETCH = 8
 
@@ -64,6 +66,20 @@ def _resident_bytes(pid: int) -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _workers_by_descriptors() -> int:
+    """The workers whose descriptors here (``WORKER_DESCRIPTORS`` each) take at most half of
+    those the limit leaves (``ulimit -n``: the tuner grew to 16 workers under 256 and its next
+    start failed in ``next()``, "Too many open files"); ``MAX_WORKERS`` where unknown."""
+    import resource
+
+    from jaxloader.runtime.shm import open_descriptors
+
+    soft, now = resource.getrlimit(resource.RLIMIT_NOFILE)[0], open_descriptors()
+    if soft == resource.RLIM_INFINITY or now is None:
+        return MAX_WORKERS
+    return max(1, (soft - now) // (2 * WORKER_DESCRIPTORS))
 
 
 def _available_bytes() -> int:
@@ -80,6 +96,7 @@ class AutoTune:
         self.pool = pool
         self.label = "jaxloader"  # which loader, in its log lines (its Monitor's)
         self.cores = cores or cores_available()
+        self._by_descriptors = _workers_by_descriptors()  # (measured once: the table's size)
         self.tune_prefetch = tune_prefetch
         self.counts = counts  # the counts allowed (a stream's: those dividing its readers)
         self.ceiling = MAX_WORKERS  # a count tried and not faster
@@ -93,7 +110,7 @@ class AutoTune:
 
     def capacity(self) -> int:
         """The most workers it may ever ask for (the pool's status table is this big)."""
-        most = min(MAX_WORKERS, MAX_READ_WAIT_FACTOR * self.cores)
+        most = min(MAX_WORKERS, MAX_READ_WAIT_FACTOR * self.cores, self._by_descriptors)
         return max(n for n in self.counts or [most] if n <= most or n == 1)
 
     def allowed(self, wanted: int, low: int, high: int) -> int | None:

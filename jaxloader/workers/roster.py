@@ -137,7 +137,20 @@ class Roster:
         (``send_payload(first new)``)."""
         target, started = self.target, len(self.workers)
         while len(self.workers) < target:
-            self.add()
+            try:
+                self.add()
+            except (OSError, MemoryError) as e:  # a limit met as the tuner grows the pool
+                # (descriptors, processes: ulimit -u, a container's pids): it keeps those
+                # started, the most from now on, where the run went on with them
+                for worker in self.workers[len(self.layouts):]:  # (started, not registered)
+                    stop_all([worker])
+                del self.workers[len(self.layouts):]
+                if len(self.workers) < max(1, self.active):
+                    raise
+                target = self.target = self.capacity = len(self.workers)
+                log.warning("num_workers='auto': no more worker processes start here "
+                            "(%s: %s); %d kept, the most from now on", type(e).__name__, e,
+                            target)
         if started < target:
             log.info("started worker process(es) %s: %d in use", self.pids[started:], target)
         elif target < self.active:

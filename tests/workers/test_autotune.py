@@ -69,6 +69,52 @@ def test_a_run_whose_worker_count_changes_gives_the_batches_and_states_of_a_fixe
         np.testing.assert_array_equal(next(iter(two))["x"], expected[90])
 
 
+def test_a_worker_the_tuner_cannot_start_keeps_those_started_and_the_batches(monkeypatch,
+                                                                            caplog):
+    # under ulimit -n (or -u) the tuner grew till a worker's start failed ("Too many open
+    # files", fork refused), which ended the training loop from next() (the limits audit)
+    from jaxloader.workers import roster as rosters
+
+    with make(0) as fixed:
+        it = iter(fixed)
+        expected = [next(it)["x"].copy() for _ in range(40)]
+    real = rosters.WorkerProcess
+
+    def limited(*args, **kw):
+        if len(kw["into"]) >= 2:
+            raise OSError(24, "Too many open files")
+        return real(*args, **kw)
+    monkeypatch.setattr(rosters, "WorkerProcess", limited)
+    with make("auto") as auto, caplog.at_level(logging.WARNING, "jaxloader"):
+        auto._monitor = None  # (asked by hand)
+        it = iter(auto)
+        got = [next(it)["x"].copy() for _ in range(10)]
+        auto._engine.roster.resize(4)
+        got += [next(it)["x"].copy() for _ in range(30)]
+        assert auto.num_workers == 2 and auto._engine.roster.most == 2
+        auto._engine.roster.resize(4)  # (the most from now on: not tried again)
+        assert auto._engine.roster.target == 2
+    for step, (a, b) in enumerate(zip(expected, got)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+    said = [r.getMessage() for r in caplog.records if "no more worker" in r.getMessage()]
+    assert len(said) == 1 and "OSError: [Errno 24] Too many open files); 2 kept" in said[0]
+
+
+def test_the_tuner_grows_no_further_than_the_descriptor_limit_leaves_room_for(monkeypatch):
+    # at ulimit -n 128, "auto" made its table for 64 workers (three descriptors each, made at
+    # once) and its first batch's slot found no descriptor left: "use fewer workers"
+    import resource
+
+    from jaxloader.runtime import shm
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (128, 128))
+    monkeypatch.setattr(shm, "open_descriptors", lambda: 8)
+    tune = monitor.AutoTune(FakePool(), cores=4)
+    assert tune.capacity() == (128 - 8) // (2 * monitor.WORKER_DESCRIPTORS) == 12
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert monitor.AutoTune(FakePool(), cores=4).capacity() == monitor.MAX_WORKERS
+
+
 @pytest.fixture
 def quick(monkeypatch):
     monkeypatch.setattr(monitor, "WINDOW_S", 0.3)
