@@ -54,8 +54,6 @@ READS_WAIT = 0.30  # workers off the CPU this share of their busy time: reads wa
 READ_WAIT_FACTOR = 4  # then up to this many workers a core, or 1 / the share on the CPU
 MAX_READ_WAIT_FACTOR = 16  # (a read waiting 95% of the time: 16 a core at most)
 MAX_WORKERS = 64
-WORKER_DESCRIPTORS = 5  # this process's descriptors a worker the tuner may start (its pipes,
-# status and stack files, pidfd), of which at most half of those left: the rest the slots'
 RETRY_WINDOWS = 30  # a ceiling or floor found holds this many windows, then may be tried again
 MAX_PREFETCH = 8
 
@@ -69,12 +67,12 @@ def _resident_bytes(pid: int) -> int:
 
 
 def _workers_by_descriptors() -> int:
-    """The workers whose descriptors here (``WORKER_DESCRIPTORS`` each) take at most half of
-    those the limit leaves (``ulimit -n``: the tuner grew to 16 workers under 256 and its next
+    """The workers whose descriptors here (``shm.WORKER_DESCRIPTORS`` each) take at most half
+    of those the limit leaves (the rest: the batch slots') (``ulimit -n``: the tuner grew to 16 workers under 256 and its next
     start failed in ``next()``, "Too many open files"); ``MAX_WORKERS`` where unknown."""
     import resource
 
-    from jaxloader.runtime.shm import open_descriptors
+    from jaxloader.runtime.shm import WORKER_DESCRIPTORS, open_descriptors
 
     soft, now = resource.getrlimit(resource.RLIMIT_NOFILE)[0], open_descriptors()
     if soft == resource.RLIM_INFINITY or now is None:

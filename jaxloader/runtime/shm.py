@@ -244,6 +244,10 @@ def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED),
     return min(most, max(4, (soft - taken) // (share * (1 if untracked else 2))))
 
 
+WORKER_DESCRIPTORS = 5  # the training process's descriptors a worker takes (its pipes, status
+# and stack files, pidfd)
+
+
 def open_descriptors() -> int | None:
     """The descriptors this process has open (Linux's ``/proc/self/fd``), or ``None``."""
     try:
