@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from jaxloader.base.errors import StallError
+from jaxloader.runtime import limits
 from jaxloader.workers.status import StatusBoard
 
 BEHIND_S = 10.0  # a wait behind a run before's step, then said (if stall_warning_s is later)
@@ -161,6 +162,10 @@ def stall_report(awaited: int, run: int, tasks: Iterable[Any], board: StatusBoar
         "are made)")
     worker = awaited % len(pids) if task is None else task.worker
     late = behind(awaited, run, tasks, board, where)
+    cores = limits.cores()  # (16 workers on a quota of 1 core: "running", no cause said)
+    shared = [f"({len(pids)} workers share the {cores} core(s) this process may use: each "
+              "makes its steps at a share of a core, slower than alone; fewer workers, or a "
+              "larger timeout_s)"] if len(pids) > cores else []
     return "\n".join([f"{where(awaited)} is awaited, from worker {worker}{sent}. " + (
         f"It waits behind worker {worker}'s step for an iterator before this one. " if late
-        else "") + "The workers:", *board.report(pids, where)])
+        else "") + "The workers:", *board.report(pids, where), *shared])

@@ -83,7 +83,11 @@ def _slow_after(record):
 
 @pytest.mark.parametrize("stop", ["sigstop", "sleep"])
 def test_a_late_batch_is_logged_with_what_each_worker_does_then_an_error_past_timeout_s(
-        caplog, stop):
+        caplog, stop, monkeypatch):
+    from jaxloader.runtime import limits
+
+    monkeypatch.setattr(limits, "cores", lambda: 1)  # (a quota of one core: said, not
+    # just "running", as 16 workers sharing it went past timeout_s; the limits audit)
     transforms = [jl.Map(_slow_after)] if stop == "sleep" else []
     # (records enough that the stopped worker cannot have made all its batches before it stops,
     # however late the stop comes on a loaded machine)
@@ -108,6 +112,7 @@ def test_a_late_batch_is_logged_with_what_each_worker_does_then_an_error_past_ti
                 os.kill(stopped, signal.SIGCONT)
     warned = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
     assert len(warned) >= 2  # at 0.4 s and again at 0.8 s, before the error at 1.5 s
+    assert "(2 workers share the 1 core(s) this process may use" in warned[0]
     if stop == "sigstop":
         assert "worker 1 (pid" in warned[0] and "stopped (SIGSTOP" in warned[0]
         assert "no stack: the process is stopped" in warned[0]
