@@ -140,24 +140,26 @@ class Roster:
             try:
                 self.add()
             except (OSError, MemoryError) as e:  # a limit met as the tuner grows the pool
-                # (descriptors, processes: ulimit -u, a container's pids): it keeps those
-                # started, the most from now on, where the run went on with them
+                # (descriptors, processes: ulimit -u, a container's pids): the run goes on
+                # with the count in use (a stream's divides its readers), those started the
+                # most from now on
                 for worker in self.workers[len(self.layouts):]:  # (started, not registered)
                     stop_all([worker])
                 del self.workers[len(self.layouts):]
                 if len(self.workers) < max(1, self.active):
                     raise
-                target = self.target = self.capacity = len(self.workers)
+                self.capacity = len(self.workers)
+                target = self.target = max(1, self.active)
                 log.warning("num_workers='auto': no more worker processes start here "
-                            "(%s: %s); %d kept, the most from now on", type(e).__name__, e,
-                            target)
-        if started < target:
+                            "(%s: %s); %d in use, %d at most from now on", type(e).__name__,
+                            e, target, self.capacity)
+        if started < len(self.workers):  # (those started past a failed start: parked)
             log.info("started worker process(es) %s: %d in use", self.pids[started:], target)
         elif target < self.active:
             log.info("parked %d worker process(es) (kept, idle): %d in use",
                      self.active - target, target)
         self.active, self.since = target, step
-        if started < target:
+        if started < len(self.workers):
             send_payload(started)
 
     def settled(self, step: int) -> bool:
