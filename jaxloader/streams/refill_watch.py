@@ -6,11 +6,11 @@ them then holds the last values, without a word. A reader opens each shard throu
 just before the shard is asked for a record, a sample of each array the record before holds
 is taken (what it holds now, after any transform of it), and each number or string it holds
 noted (a dict yielded again with new numbers holds other objects); just after, it is
-compared. Only the shard's code ran in between, so a change is a buffer refilled, never a constant shared by
-every record nor a ``Map`` that copies. The first ``CHECKED`` records of each shard opened are
-watched (a buffer refilled is refilled from the first: the second record shows it; each
-watched record costs some microseconds, and each shard is opened again at every restore);
-then the watch steps aside (the shard's own ``next`` is called, at no cost).
+compared. Only the shard's code ran in between, so a change is a buffer refilled, never a
+constant shared by every record nor a ``Map`` that copies. The first ``CHECKED`` records of
+each shard opened are watched (a buffer refilled is refilled from the first: the second record
+shows it; each watched record costs some microseconds, and each shard is opened again at every
+restore); then the watch steps aside (the shard's own ``next`` is called, at no cost).
 A file's shard, whose records are parsed anew, is not watched.
 
 Example:
