@@ -104,36 +104,47 @@ class RefillWatch:
 _SCALARS = (int, float, complex, str, bytes, np.generic)
 
 
-def samples(record: Any) -> list[tuple[str, Any, bytes | None]]:
-    """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds, and
-    ``(path, value, None)`` for its numbers and strings (compared as objects: the same dict
-    given new values holds new ones)."""
-    out: list[tuple[str, Any, bytes | None]] = []
-    _walk(record, "", out, 0)
-    return out
+def samples(record: Any) -> list[tuple[str, Any, Any]]:
+    """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds (up to
+    ``_LEAVES``), then ``(path, value, None)`` for its numbers and strings, compared as objects
+    (the same dict given new values holds new ones), and ``(path, list, its first items)``
+    for a list of them (token ids: one leaf), up to ``_LEAVES`` of those: a record of many
+    numbers still has its arrays sampled."""
+    arrays: list[tuple[str, Any, Any]] = []
+    scalars: list[tuple[str, Any, Any]] = []
+    _walk(record, "", arrays, scalars, 0)
+    return arrays + scalars
 
 
-def _walk(value: Any, path: str, out: list, depth: int) -> None:
-    if len(out) >= _LEAVES or depth > 4:
+def _walk(value: Any, path: str, arrays: list, scalars: list, depth: int) -> None:
+    if depth > 4 or (len(arrays) >= _LEAVES and len(scalars) >= _LEAVES):
         return
     if isinstance(value, np.ndarray):  # (a memmap's too)
-        if not value.dtype.hasobject and value.size:
-            out.append((path, value, _sample(value)))
+        if len(arrays) < _LEAVES and not value.dtype.hasobject and value.size:
+            arrays.append((path, value, _sample(value)))
     elif isinstance(value, _SCALARS):
-        out.append((path, value, None))
+        if len(scalars) < _LEAVES:
+            scalars.append((path, value, None))
     elif isinstance(value, dict):
         for key, item in value.items():
-            _walk(item, f"{path}[{key!r}]", out, depth + 1)
+            _walk(item, f"{path}[{key!r}]", arrays, scalars, depth + 1)
     elif type(value) in (list, tuple):
+        if value and all(isinstance(item, _SCALARS) for item in value[:_LEAVES]):
+            if len(scalars) < _LEAVES:  # (a list of numbers refilled in place: its items)
+                scalars.append((path, value, _sample(value)))
+            return
         for i, item in enumerate(value[:_LEAVES]):
-            _walk(item, f"{path}[{i}]", out, depth + 1)
+            _walk(item, f"{path}[{i}]", arrays, scalars, depth + 1)
 
 
-def _sample(array: np.ndarray) -> bytes:
-    return spaced_values(array, _SAMPLE).tobytes()
+def _sample(value: Any) -> Any:
+    """An array's bytes at spaced places, or a list's first items."""
+    if isinstance(value, np.ndarray):
+        return spaced_values(value, _SAMPLE).tobytes()
+    return tuple(value[:_SAMPLE])
 
 
-def changed(taken: list[tuple[str, Any, bytes | None]], record: Any) -> str | None:
+def changed(taken: list[tuple[str, Any, Any]], record: Any) -> str | None:
     """Where ``record`` (walked again: a dict or list yielded again may hold other arrays
     now) no longer holds what ``taken`` (``samples``) saw."""
     now = samples(record)

@@ -205,6 +205,20 @@ def _one_dict_of_numbers(shard):  # (a simulator's step: one dict, new numbers a
         yield record
 
 
+def _refilling_after_many_numbers(shard):  # (token ids and 40 fields before the buffer)
+    buffer = np.zeros(2)
+    for i in range(10):
+        buffer[:] = i
+        yield {"ids": list(range(40)), **{f"f{k}": k for k in range(40)}, "x": buffer}
+
+
+def _one_list_of_ids(shard):  # (a token list filled again in place)
+    ids = [0] * 8
+    for i in range(10):
+        ids[:] = [i] * 8
+        yield {"ids": ids}
+
+
 def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # its batches would silently hold the buffer's last values in every row
     with jl.StreamLoader(jl.Stream.from_generator(_refilling, 1), batch_size=4,
@@ -231,6 +245,16 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
         reader = jl.Stream.from_generator(_one_dict_of_numbers, 1).reader(reader=0, readers=1)
         reader.reset(None)
         [reader.next() for _ in range(3)]
+    # numbers and strings sampled apart from the arrays: a record of many of them (a list
+    # of token ids, 40 fields) went past the 32 leaves sampled and its buffer unseen (the
+    # review); and a list of numbers filled again in place is seen by its items
+    for made, leaf in ((_refilling_after_many_numbers, r"\['x'\]"),
+                       (_one_list_of_ids, r"\['ids'\]")):
+        with pytest.warns(UserWarning, match=rf"{made.__name__}\[0\]: a record's leaf {leaf} "
+                                             "changed"):
+            reader = jl.Stream.from_generator(made, 1).reader(reader=0, readers=1)
+            reader.reset(None)
+            [reader.next() for _ in range(3)]
     recwarn.clear()
     reader = jl.Stream.from_generator(_refilling, 1).map(_copied).reader(reader=0, readers=1)
     reader.reset(None)
