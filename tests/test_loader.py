@@ -858,6 +858,10 @@ def test_a_packed_or_mixed_stream_given_to_a_data_loader_is_named_a_stream():
                                              r"with random access, not a stream; read it with "
                                              r"jaxloader.DataLoader"):
         jl.StreamLoader(sources, batch_size=4)
+    for given in ("data/*.jsonl", {"x": [1, 2]}, np.arange(4)):  # (these have len and [i]
+        with pytest.raises(jl.ConfigError, match=r"expected a jaxloader.Stream or a list of "
+                                                 r"shards.*Stream.jsonl/text/tar"):  # too)
+            jl.StreamLoader(given, batch_size=4)
 
 
 class _NoReturn:

@@ -134,7 +134,8 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
                         f"StreamLoader(stream): got an IterableDatasetDict of "
                         f"{list(given)}; pass one of them: stream[{next(iter(given), '')!r}]"
                         " (or load_dataset(..., split='train', streaming=True))")
-                if hasattr(given, "__len__") and hasattr(given, "__getitem__"):
+                if hasattr(given, "__len__") and hasattr(given, "__getitem__") and not (
+                        isinstance(given, (str, bytes, dict)) or hasattr(given, "dtype")):
                     raise ConfigError(  # (a mix of sources, a source, a Dataset)
                         f"StreamLoader(stream): got a {type(given).__name__}, a source with "
                         "random access, not a stream; read it with jaxloader.DataLoader"

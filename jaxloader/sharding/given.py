@@ -78,10 +78,12 @@ def as_shardings(sharding: Any) -> Any:
 
 def local_only(sharding: Any) -> bool:
     """Whether every device ``sharding`` places on is this process's (a mesh of
-    ``jax.local_devices()``: a loader of ``process_count=1`` places its own batch there)."""
+    ``jax.local_devices()``: a loader of ``process_count=1`` places its own batch there);
+    devices and specs as placed (``as_shardings``), ``False`` where none names devices."""
     try:
-        return all(d.process_index == jax.process_index() for s in jax.tree_util.tree_leaves(
-            sharding, is_leaf=lambda x: isinstance(x, Sharding))
-            for d in getattr(s, "device_set", ()))
-    except ValueError:  # (an AbstractMesh's: no devices; refused as before)
+        placed = jax.tree_util.tree_leaves(as_shardings(sharding),
+                                           is_leaf=lambda x: isinstance(x, Sharding))
+        devices = [d for s in placed for d in s.device_set]
+    except (ValueError, AttributeError, ConfigError):  # (an AbstractMesh's, no mesh set)
         return False
+    return bool(devices) and all(d.process_index == jax.process_index() for d in devices)

@@ -647,3 +647,18 @@ def test_small_placed_leaves_kept_on_the_cpu_backend_do_not_hold_their_batchs_sl
     """, n=1)
     slots, total = map(int, out.split())
     assert total == sum(range(64 * 150)) and slots < 40, out
+
+
+def test_local_only_is_true_of_this_processs_own_devices_alone(monkeypatch):
+    # a device, or a spec, names no device_set: all() of none was true, so a sharding of
+    # another host's device passed the process-count check it guards (the review)
+    import jax
+    from jax.sharding import PartitionSpec as P, SingleDeviceSharding
+
+    from jaxloader.sharding.given import local_only
+
+    device = jax.devices()[0]
+    assert local_only(device) and local_only({"x": SingleDeviceSharding(device)})
+    assert not local_only(P("data"))  # (no mesh set: it names no device)
+    monkeypatch.setattr(jax, "process_index", lambda *a, **k: 1)  # (host 1's view of them)
+    assert not local_only(device) and not local_only({"x": device})
