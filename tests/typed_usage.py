@@ -39,8 +39,10 @@ def _usage() -> None:
     jl.DataLoader(web, batch_size=2, shuffle=jl.LocalShuffle(window=n, block_size=n),
                   transforms=[jl.Pad("x", multiple_of=n), jl.Pad("x", length={"x": n})])
     jl.PackedSource(web, "x", n, bins=n, window=n)
+    lengths: dict[str, int] = {"x": 8}  # (a dict of ints: a Mapping of counts, not invariant)
+    jl.Pad("x", length=lengths, multiple_of=lengths)
     jl.PackedStream(jl.Stream.jsonl("a.jsonl"), "t", n, method="best_fit", bins=n, window=n)
-    jl.ParquetSource("a.parquet", cache_bytes=n * 1024)
+    jl.ParquetSource("a.parquet", cache_bytes=np.int64(64 << 20))
     jl.profile(loader, steps=n)
     jl.FileListSource(["a.jpg"], labels=np.array([1]))
     jl.checkpoint.LoaderSave

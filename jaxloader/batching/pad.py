@@ -73,8 +73,8 @@ class Pad:
     """
 
     def __init__(self, keys: str | Sequence[str], *, value: Any = 0,
-                 multiple_of: Int | dict[str, Int] = 1,
-                 length: Int | dict[str, Int] | None = None,
+                 multiple_of: Int | Mapping[str, Int] = 1,
+                 length: Int | Mapping[str, Int] | None = None,
                  length_suffix: str | None = "_length", dtype: Any = None) -> None:
         named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, Sequence) and not isinstance(keys, bytes) else None  # (a config's ListConfig

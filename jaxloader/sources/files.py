@@ -59,10 +59,12 @@ class FileListSource:
             raise ConfigError("FileListSource(paths): expected at least one path, got none")
         # each local file as found from this folder, opened so (a worker started after an
         # os.chdir read the files of another folder, of the same names, without a word); a
-        # record's "path" stays as given (a Map may take the class from it)
-        here = os.getcwd()
-        self._opened = [p if "://" in p or os.path.isabs(p) else os.path.join(here, p)
-                        for p in self.paths]
+        # record's "path" stays as given (a Map may take the class from it). Joined as read:
+        # a second list of 1.28M paths doubled what each worker is sent
+        try:
+            self._here: str | None = os.getcwd()
+        except FileNotFoundError:  # (a folder removed since: relative paths as given)
+            self._here = None
         self.labels: np.ndarray | None = None
         if labels is not None:
             if not hasattr(labels, "__len__") or isinstance(labels, (str, bytes, dict)):
@@ -109,7 +111,9 @@ class FileListSource:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = record_index(index, len(self.paths), "FileListSource", from_end=True)
-        path = self._opened[index]
+        path = self.paths[index]
+        if self._here is not None and "://" not in path and not os.path.isabs(path):
+            path = os.path.join(self._here, path)
         try:
             data = _read_bytes(path)
         except OSError as e:
