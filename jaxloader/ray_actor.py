@@ -38,6 +38,9 @@ from jaxloader.workers.protocol import Failed, failed
 from jaxloader.workers.source_copies import NOTED_MIN_BYTES
 
 
+CORE_WAIT_S = 0.25  # an actor reads its threads' waits for a core at most this often
+
+
 class MakerActor:
     """A Ray actor's body: the batch maker, unpickled where the actor runs once the training
     process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
@@ -58,6 +61,7 @@ class MakerActor:
         self._maker: Maker = relay_worker.imported(
             lambda: cloudpickle.loads(blob, buffers=buffers))
         read_threads.keep()  # (its read threads stay from one task to the next)
+        self._waited = (time.monotonic(), queued_s(os.getpid()))  # (_core_wait's last read)
         if place is not None:
             worker_info.set_info(worker_info.WorkerInfo(*place, self._maker.seed))
 
@@ -69,7 +73,7 @@ class MakerActor:
         """The batches of steps ``first .. first + count - 1`` (one object, one message),
         the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)
         and this process's pid."""
-        began, cpu, queued = self._clock(trace)
+        began, cpu = self._clock(trace)
         made: list = []
         try:
             for step in range(first, first + count):
@@ -78,13 +82,13 @@ class MakerActor:
             raise
         except BaseException as e:  # noqa: BLE001 - the batches before it are handed out, then
             # this is raised (a transform's sys.exit() too, which ended the actor)
-            return made, self._timings(began, cpu, queued), os.getpid(), failed(-1, step, e)
-        return made, self._timings(began, cpu, queued), os.getpid(), None
+            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
+        return made, self._timings(began, cpu), os.getpid(), None
 
     def make_stream(self, first: int, count: int, stride: int, reset: list | None,
                     trace: bool = False) -> tuple[list, tuple, int, Failed | None]:
         """A stream's task (``make_stream`` below), its stage timings and this pid."""
-        began, cpu, queued = self._clock(trace)
+        began, cpu = self._clock(trace)
         made: list = []
         try:
             make_stream(self._maker, first, count, stride, reset, made)
@@ -92,23 +96,34 @@ class MakerActor:
             raise
         except BaseException as e:  # noqa: BLE001 - (sys.exit() too, as make's)
             step = first + len(made) * stride
-            return made, self._timings(began, cpu, queued), os.getpid(), failed(-1, step, e)
-        return made, self._timings(began, cpu, queued), os.getpid(), None
+            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
+        return made, self._timings(began, cpu), os.getpid(), None
 
-    def _clock(self, trace: bool) -> tuple[float, float, float]:
+    def _clock(self, trace: bool) -> tuple[float, float]:
         if (self._maker.clock.trace is not None) != trace:  # (a profile's timeline asked for)
             self._maker.clock.trace = [] if trace else None
-        return time.perf_counter(), time.process_time(), queued_s(os.getpid())
+        return time.perf_counter(), time.process_time()
 
-    def _timings(self, began: float, cpu: float, queued: float) -> tuple:
-        """The task's stage timings, the seconds this process waited for a core meanwhile
-        (read here: the training process has no /proc of another machine's, and took a
-        core's wait for a read's), and when it began by the wall clock (the training
-        process drops those of a task begun before its ``reset_stats()``: an actor's
-        monotonic clock may be another machine's)."""
+    def _timings(self, began: float, cpu: float) -> tuple:
+        """The task's stage timings, the seconds this process waited for a core
+        (``_core_wait``: read here, the training process has no /proc of another machine's,
+        and took a core's wait for a read's), and when it began by the wall clock (the
+        training process drops those of a task begun before its ``reset_stats()``: an
+        actor's monotonic clock may be another machine's)."""
         busy = time.perf_counter() - began
         return (busy, time.process_time() - cpu, *self._maker.clock.take(busy),
-                queued_s(os.getpid()) - queued, time.time() - busy)
+                self._core_wait(), time.time() - busy)
+
+    def _core_wait(self) -> float:
+        """Seconds this process's threads waited for a core since the last read, read at most
+        every ``CORE_WAIT_S`` (each read lists every thread's schedstat: ~0.2 ms in an actor
+        of 20 threads, a task's cost where tasks are short); 0 between."""
+        now = time.monotonic()
+        if now - self._waited[0] < CORE_WAIT_S:
+            return 0.0
+        total = queued_s(os.getpid())
+        waited, self._waited = total - self._waited[1], (now, total)
+        return waited
 
 
 def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None,

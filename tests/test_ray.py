@@ -436,7 +436,7 @@ def check_the_actors_waits_for_a_core_are_counted_and_their_count_kept_at_close(
     # an actor's time waiting for a core was 0 (not read where it runs), so diagnose() took
     # three busy actors on this machine's two cores for transforms waiting on I/O, and
     # advised more actors; and after close it took the loader for one of num_workers=0
-    source = jl.ArraySource({"x": np.arange(592)})
+    source = jl.ArraySource({"x": np.arange(1184)})
     with jl.DataLoader(source, batch_size=16, num_epochs=1, transforms=[jl.Map(busy_2ms)],
                        process_index=0, process_count=1, workers=RayWorkers(3)) as on_ray:
         list(on_ray)
