@@ -69,8 +69,11 @@ def _all_numbers(value: list) -> bool:
 
 def _kinds_inside(value: list, kinds: set[type]) -> bool:
     """Adds the types of the items of ``value``'s innermost lists to ``kinds``; ``False``
-    where its lists of lists hold something else than non-empty lists."""
+    where its lists of lists are not of one length a depth (no one array: each inner list is
+    then looked at alone, as converted alone) or hold something else than lists."""
     if isinstance(value[0], list):
-        return all(isinstance(v, list) and v and _kinds_inside(v, kinds) for v in value)
+        deeper = bool(value[0]) and isinstance(value[0][0], list)  # (one depth for all)
+        return all(isinstance(v, list) and len(v) == len(value[0]) and v and
+                   isinstance(v[0], list) == deeper and _kinds_inside(v, kinds) for v in value)
     kinds.update(map(type, value))
     return True

@@ -779,6 +779,13 @@ def test_a_json_list_of_booleans_among_numbers_is_refused_naming_the_line(tmp_pa
     with pytest.raises(jl.RecordError, match=r"line 2: a list holds null among its numbers"):
         shard.next()
     assert shard.next()["t"].tolist() == [[True], [False]]
+    # (inner lists of other lengths or depths, never one array: each looked at alone, kept)
+    path.write_text('{"t": [[true, false], [[1, 2]]]}\n{"t": [[null], [[1]]]}\n')
+    shard = jl.JsonlShard(path)
+    shard.reset()
+    bools, nested = shard.next()["t"]
+    assert bools.dtype == bool and nested.tolist() == [[1, 2]]
+    assert shard.next()["t"][0] == [None]
 
 
 def read_to_its_error(shard, match):
