@@ -60,7 +60,7 @@ def frame_leaf(value: Any, subject: Callable[[], str]) -> np.ndarray | None:
 
 def refuse_rows(values: list, subject: str) -> None:
     """Refuses records whose leaf is a pandas ``DataFrame``'s row (``df.iloc[i]``): ``Series``
-    of the same labels (the frame's columns) named by other rows' labels, whose values pandas
+    of the same labels (the frame's columns) named by rows' labels, whose values pandas
     cast to one dtype before a loader sees them (ids past 2**53 rounded beside a float
     column), their names an index no batch holds; rows of ints or bools, cast to nothing, are
     taken. Windows of a series (one name, labels that move) are not rows; one record alone
@@ -71,15 +71,16 @@ def refuse_rows(values: list, subject: str) -> None:
         return
     if first.dtype.kind in "fcO" and all(  # (of ints or bools: nothing cast, taken as before)
             type(v) is type(first) and v.index.equals(first.index) for v in values[1:]) and \
-            len({v.name for v in values}) == len(values):
-        raise CollateError(
+            any(v.name is not None for v in values):  # (rows' labels, repeated ones too:
+        raise CollateError(  # pd.concat without ignore_index labels every row 0)
             f"{subject} is a pandas Series indexed by {list(first.index)[:5]!r:.120}, each "
-            f"record's named by its own label: a DataFrame's row, whose values pandas cast to "
+            f"record's named by a label: a DataFrame's row, whose values pandas cast to "
             f"one dtype ({first.dtype}: int64 ids past 2**53 rounded beside a float column, "
             "numbers as objects beside a column of strings), its names an index no "
-            "batch holds; return the row as a dict of its columns (row.to_dict(), or {'age': "
-            "row['age'], ...}), or read the frame with jl.ArraySource(df), whose records are "
-            "dicts of its columns")
+            "batch holds; the row's values are cast already (row.to_dict() keeps them so): "
+            "read the frame's own columns, {c: df[c].iat[i] for c in df} or "
+            "df.iloc[[i]].to_dict('records')[0], or read the frame with jl.ArraySource(df), "
+            "whose records are dicts of its columns (a Series of features: .to_numpy())")
 
 
 def _nulls_made_nan(array: Any) -> bool:

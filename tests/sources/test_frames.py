@@ -238,10 +238,19 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
     pd = pytest.importorskip("pandas")
     pa = pytest.importorskip("pyarrow")
     df = pd.DataFrame({"user_id": np.arange(8) + 2**53 + 1, "score": np.linspace(0, 1, 8)})
-    with pytest.raises((jl.CollateError, jl.WorkerError), match=r"batch leaf \['row'\]: record "
-                       r"position 0 is a pandas Series indexed by \['user_id', 'score'\], each "
-                       r"record's named by its own label: a DataFrame's row.*row.to_dict\(\)"):
+    refused = (r"batch leaf \['row'\]: record position 0 is a pandas Series indexed by "
+               r"\['user_id', 'score'\], each record's named by a label: a DataFrame's row.*"
+               r"cast already \(row.to_dict\(\) keeps them so\): read the frame's own "
+               r"columns, \{c: df\[c\].iat\[i\] for c in df\}")
+    with pytest.raises((jl.CollateError, jl.WorkerError), match=refused):
         _first_batch(_Records(lambda i: {"row": df.iloc[i]}), num_workers)
+    # rows labelled alike (pd.concat without ignore_index: every row 0) went past it, as
+    # float64 (the interop audit)
+    alike = pd.concat([df.iloc[[i]].reset_index(drop=True) for i in range(8)])
+    with pytest.raises((jl.CollateError, jl.WorkerError), match=refused):
+        _first_batch(_Records(lambda i: {"row": alike.iloc[i]}), num_workers)
+    exact = _first_batch(_Records(lambda i: {c: df[c].iat[i] for c in df}))  # (the remedy)
+    assert exact["user_id"].tolist() == (np.arange(4) + 2**53 + 1).tolist()
     if num_workers:
         return
     ints = pd.DataFrame({"a": np.arange(8), "b": np.arange(8) * 2})  # (nothing cast: as before)
