@@ -225,6 +225,11 @@ def _pandas_remedy(name: str, column: Any, array: np.ndarray) -> str:
                 "floats round)")
     if isinstance(first, str):
         fill = ".fillna('')" if column.isna().any() else ""  # (else 'None' and 'nan')
+        if any(isinstance(v, str) and v.endswith("\x00") for v in array):  # (to_numpy(str)
+            return ("its strings end with a NUL character ('\\x00') here and there, which "
+                    "NumPy's fixed-width strings drop: pass df.to_dict('records') (str "
+                    "leaves keep them), or datasets.Dataset.from_pandas(df), which the loader "
+                    "reads as it is")  # would cut them, without a word)
         return (f"give its strings as a leaf of their own, ArraySource({{{name!r}: "
                 f"{col}{fill}.to_numpy(dtype=str), ...}}) (fixed width), or pass "
                 "datasets.Dataset.from_pandas(df), which the loader reads as it is")

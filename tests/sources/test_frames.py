@@ -155,6 +155,14 @@ def test_a_column_numpy_holds_as_objects_is_told_the_remedy_of_its_kind():
         assert call.replace("(2)", "(n)") in str(said.value), (call, str(said.value))
         fixed = eval(call, {"df": df, "pl": pl})  # (as the message writes it)
         assert len(jl.ArraySource({"c": fixed})) == 2
+    # strings ending with a NUL: to_numpy(dtype=str), the remedy said, cut them without a
+    # word (as polars' are refused); records of str leaves keep them (the interop audit)
+    pd = pytest.importorskip("pandas")
+    nul = pd.DataFrame({"c": ["ab\x00", "cd"]})
+    with pytest.raises(jl.ConfigError, match=r"its strings end with a NUL character .*pass "
+                                             r"df.to_dict\('records'\)") as said:
+        jl.ArraySource(nul)
+    assert "to_numpy(dtype=str)" not in str(said.value)
 
 
 def test_a_restore_over_a_frames_columns_in_another_order_says_so_and_the_order_saved():
