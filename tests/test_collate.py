@@ -459,3 +459,17 @@ def test_numpy_scalars_of_two_dtypes_and_pandas_missing_values_get_their_own_rem
     pd = pytest.importorskip("pandas")
     with pytest.raises(CollateError, match=r"give every record a number .* there, not <NA>"):
         collate([{"x": 0}, {"x": pd.NA}], positions=[0, 1])
+
+
+def test_a_memoryview_leaf_is_refused_with_any_worker_count():
+    # cloudpickle sent a list source's memoryviews to the workers as bytes, which batched,
+    # where num_workers=0 refused the memoryview: a source worked by its worker count (the
+    # interop audit)
+    records = [{"x": memoryview(bytes([i, 1]))} for i in range(4)]
+    with pytest.raises(jl.CollateError, match=r"holds a memoryview, .*\(a buffer: bytes\(x\) for "
+                                              r"its bytes"):
+        next(iter(jl.DataLoader(records, batch_size=2, num_workers=0)))
+    with pytest.raises(jl.JaxloaderError, match=r"does not pickle: TypeError: cannot pickle "
+                                                r"'memoryview' object"):
+        with jl.DataLoader(records, batch_size=2, num_workers=2) as loader:
+            next(iter(loader))

@@ -51,6 +51,9 @@ def refuse_object(path: str, where: str, value: Any) -> NoReturn:
                 "without its JAX registration: define it in a module, or use num_workers=0)")
     elif is_sparse(value):
         hint = f" ({SPARSE})"
+    elif isinstance(value, (memoryview, bytearray)):  # (a buffer, no array protocol)
+        hint = (" (a buffer: bytes(x) for its bytes, as a str or bytes leaf is kept, or "
+                "np.frombuffer(x, dtype) for its numbers)")
     elif type(value).__qualname__ == "Decimal" and value == value.to_integral_value():
         hint = (f" ({value} is a whole number: ids written as DECIMAL(20, 0), uint64 in Hive "
                 "and Spark, lose their last digits as floats; np.uint64(int(x)) or "

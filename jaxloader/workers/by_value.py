@@ -54,6 +54,9 @@ class GlobalsByName(cloudpickle.Pickler):
             params = obj.cache_parameters()
             return (cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
                     None, None, fill_cache_shell)
+        if type(obj) is memoryview:  # (pickle's refusal: cloudpickle sends its bytes, which
+            raise TypeError("cannot pickle 'memoryview' object")  # the workers batched, where
+            # num_workers=0 refused the memoryview itself)
         if isinstance(obj, io.TextIOWrapper) and obj not in (sys.stdin, sys.stdout, sys.stderr):
             raise TypeError(  # (cloudpickle sends a text file read whole, as a StringIO: the
                 f"cannot pickle '{type(obj).__name__}' object")  # file's text when sent)
