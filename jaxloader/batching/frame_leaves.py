@@ -71,8 +71,8 @@ def refuse_rows(values: list, subject: str) -> None:
         return
     if first.dtype.kind in "fcO" and all(  # (of ints or bools: nothing cast, taken as before)
             type(v) is type(first) and v.index.equals(first.index) for v in values[1:]) and \
-            any(v.name is not None for v in values):  # (rows' labels, repeated ones too:
-        raise CollateError(  # pd.concat without ignore_index labels every row 0)
+            _row_labels([v.name for v in values]):
+        raise CollateError(
             f"{subject} is a pandas Series indexed by {list(first.index)[:5]!r:.120}, each "
             f"record's named by a label: a DataFrame's row, whose values pandas cast to "
             f"one dtype ({first.dtype}: int64 ids past 2**53 rounded beside a float column, "
@@ -81,6 +81,16 @@ def refuse_rows(values: list, subject: str) -> None:
             "read the frame's own columns, {c: df[c].iat[i] for c in df} or "
             "df.iloc[[i]].to_dict('records')[0], or read the frame with jl.ArraySource(df), "
             "whose records are dicts of its columns (a Series of features: .to_numpy())")
+
+
+def _row_labels(names: list) -> bool:
+    """Whether Series' ``names`` are rows' labels: each its own (a frame's index), or one
+    integer for all (``pd.concat`` without ``ignore_index`` labels each row 0); not one name
+    for all (a column's windows, a named vector of features)."""
+    if len(set(names)) == len(names):
+        return True
+    return len(set(names)) == 1 and isinstance(names[0], (int, np.integer)) and not \
+        isinstance(names[0], (bool, np.bool_))
 
 
 def _nulls_made_nan(array: Any) -> bool:

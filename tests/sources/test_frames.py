@@ -259,6 +259,11 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
         _first_batch(_Records(lambda i: {"row": alike.iloc[i]}), num_workers)
     exact = _first_batch(_Records(lambda i: {c: df[c].iat[i] for c in df}))  # (the remedy)
     assert exact["user_id"].tolist() == (np.arange(4) + 2**53 + 1).tolist()
+    close = pd.Series(np.linspace(0, 1, 16), name="close")  # (one name for all, not rows:
+    windows = _first_batch(_Records(lambda i: {  # a column's windows, a vector of features;
+        "w": close.iloc[i:i + 4].reset_index(drop=True),  # the review: refused, once
+        "f": pd.Series([0.5, 1.5, i * 1.0], index=["a", "b", "c"], name="features")}))
+    assert windows["w"].shape == (4, 4) and windows["f"][2].tolist() == [0.5, 1.5, 2.0]
     if num_workers:
         return
     ints = pd.DataFrame({"a": np.arange(8), "b": np.arange(8) * 2})  # (nothing cast: as before)
