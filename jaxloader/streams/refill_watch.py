@@ -129,7 +129,7 @@ def _walk(value: Any, path: str, arrays: list, scalars: list, depth: int) -> Non
         for key, item in value.items():
             _walk(item, f"{path}[{key!r}]", arrays, scalars, depth + 1)
     elif type(value) in (list, tuple):
-        if value and all(isinstance(item, _SCALARS) for item in value[:_LEAVES]):
+        if value and all(isinstance(item, _SCALARS) for item in _spaced(value)):
             if len(scalars) < _LEAVES:  # (a list of numbers refilled in place: its items)
                 scalars.append((path, value, _sample(value)))
             return
@@ -137,11 +137,16 @@ def _walk(value: Any, path: str, arrays: list, scalars: list, depth: int) -> Non
             _walk(item, f"{path}[{i}]", arrays, scalars, depth + 1)
 
 
+def _spaced(items: list | tuple) -> list | tuple:
+    """A list's items at up to ``_SAMPLE`` spaced places (a left-padded one's too)."""
+    return items[::max(1, len(items) // _SAMPLE)]
+
+
 def _sample(value: Any) -> Any:
-    """An array's bytes at spaced places, or a list's first items."""
+    """An array's bytes at spaced places, or a list's length and items at spaced places."""
     if isinstance(value, np.ndarray):
         return spaced_values(value, _SAMPLE).tobytes()
-    return tuple(value[:_SAMPLE])
+    return len(value), tuple(_spaced(value))
 
 
 def changed(taken: list[tuple[str, Any, Any]], record: Any) -> str | None:

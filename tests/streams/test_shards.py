@@ -219,6 +219,20 @@ def _one_list_of_ids(shard):  # (a token list filled again in place)
         yield {"ids": ids}
 
 
+def _left_padded_ids(shard):  # (2,048 ids, the first half one pad, filled again in place)
+    ids = [0] * 2048
+    for i in range(10):
+        ids[1024:] = [i] * 1024
+        yield {"ids": ids}
+
+
+def _numbers_then_an_array(shard):  # (one list: 40 numbers, then an array made anew)
+    items = [0] * 40 + [None]
+    for i in range(10):
+        items[40] = np.full(2, i)
+        yield {"items": items}
+
+
 def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # its batches would silently hold the buffer's last values in every row
     with jl.StreamLoader(jl.Stream.from_generator(_refilling, 1), batch_size=4,
@@ -249,12 +263,15 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # of token ids, 40 fields) went past the 32 leaves sampled and its buffer unseen (the
     # review); and a list of numbers filled again in place is seen by its items
     for made, leaf in ((_refilling_after_many_numbers, r"\['x'\]"),
-                       (_one_list_of_ids, r"\['ids'\]")):
+                       (_one_list_of_ids, r"\['ids'\]"), (_left_padded_ids, r"\['ids'\]")):
         with pytest.warns(UserWarning, match=rf"{made.__name__}\[0\]: a record's leaf {leaf} "
                                              "changed"):
             reader = jl.Stream.from_generator(made, 1).reader(reader=0, readers=1)
             reader.reset(None)
             [reader.next() for _ in range(3)]
+    reader = jl.Stream.from_generator(_numbers_then_an_array, 1).reader(reader=0, readers=1)
+    reader.reset(None)  # (its sample compared an array's truth: ValueError, blamed on the
+    [reader.next() for _ in range(3)]  # shard; the second review)
     recwarn.clear()
     reader = jl.Stream.from_generator(_refilling, 1).map(_copied).reader(reader=0, readers=1)
     reader.reset(None)
