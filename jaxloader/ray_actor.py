@@ -123,7 +123,7 @@ class MakerActor:
             return 0.0
         total = queued_s(os.getpid())
         waited, self._waited = total - self._waited[1], (now, total)
-        return waited
+        return max(0.0, waited)  # (threads that ended since take their waits with them)
 
 
 def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None,

@@ -343,7 +343,7 @@ class WorkerPool:
         """``poll()`` until a worker reports; a long wait for step ``awaited`` said (``stalls``)."""
         on = (self._run, self._tasks.values(), self._board)  # (the run's tasks, as they are)
         events, error = self._stall.wait(self.roster.poller.poll, awaited, lambda step: (
-            stalls.stall_report(step, *on, self.pids, self._maker.location)),
+            stalls.stall_report(step, *on, self.pids, self._maker.location, self.active)),
             lambda step: stalls.holder_progress(step, *on),
             lambda step: stalls.behind(step, *on, self._maker.location))
         if error is not None:

@@ -151,9 +151,11 @@ def behind(awaited: int, run: int, tasks: Iterable[Any], board: StatusBoard,
 
 
 def stall_report(awaited: int, run: int, tasks: Iterable[Any], board: StatusBoard,
-                 pids: list[int], where: Callable[[int], str]) -> str:
+                 pids: list[int], where: Callable[[int], str], active: int | None = None
+                 ) -> str:
     """What the consumer awaits (step ``awaited`` of run ``run``, in one of ``tasks``, the
-    pool's ``tasks.InFlight``) and what each worker is doing, with their stacks."""
+    pool's ``tasks.InFlight``) and what each worker is doing, with their stacks; ``active``:
+    the workers in use (those ``num_workers="auto"`` parked share no core)."""
     tasks = list(tasks)
     task = _task_of(awaited, run, tasks)
     steps = None if task is None else _steps(task)
@@ -162,10 +164,11 @@ def stall_report(awaited: int, run: int, tasks: Iterable[Any], board: StatusBoar
         "are made)")
     worker = awaited % len(pids) if task is None else task.worker
     late = behind(awaited, run, tasks, board, where)
-    cores = limits.cores()  # (16 workers on a quota of 1 core: "running", no cause said)
-    shared = [f"({len(pids)} workers share the {cores} core(s) this process may use: each "
+    cores, using = limits.cores(), len(pids) if active is None else active
+    shared = [f"({using} workers share the {cores} core(s) this process may use: each "
               "makes its steps at a share of a core, slower than alone; fewer workers, or a "
-              "larger timeout_s)"] if len(pids) > cores else []
+              "larger timeout_s)"] if using > cores else []  # (16 on a quota of 1 core:
+    # each "running", no cause said)
     return "\n".join([f"{where(awaited)} is awaited, from worker {worker}{sent}. " + (
         f"It waits behind worker {worker}'s step for an iterator before this one. " if late
         else "") + "The workers:", *board.report(pids, where), *shared])
