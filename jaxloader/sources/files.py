@@ -111,11 +111,17 @@ class FileListSource:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = record_index(index, len(self.paths), "FileListSource", from_end=True)
-        path = self.paths[index]
-        if self._here is not None and "://" not in path and not os.path.isabs(path):
-            path = os.path.join(self._here, path)
+        given = path = self.paths[index]
+        here = getattr(self, "_here", None)  # (a source pickled by a jaxloader before it)
+        if here is not None and "://" not in path and not os.path.isabs(path):
+            path = os.path.join(here, path)
         try:
-            data = _read_bytes(path)
+            try:
+                data = _read_bytes(path)
+            except FileNotFoundError:  # (not on this machine: a Ray actor's node, whose
+                if path == given or not os.path.exists(given):  # working_dir holds the
+                    raise  # files as given, from its folder)
+                data = _read_bytes(path := given)
         except OSError as e:
             if file_identity.storage_failed(e):
                 raise file_identity.storage_failure("FileListSource", path,

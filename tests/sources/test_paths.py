@@ -466,3 +466,10 @@ def test_relative_paths_are_read_from_where_they_were_given(tmp_path, monkeypatc
             batch = next(iter(loader))
         assert batch["data"].tolist() == [b"data-%d" % i for i in range(4)], workers
         assert batch["path"].tolist() == [f"img/{i}.bin" for i in range(4)]
+    # not there (a Ray actor on another node, its working_dir a copy of the files): read as
+    # given, from the folder the reader runs in (it failed there; the second review)
+    os.rename(data / "img", data / "moved")
+    assert files[1]["data"] == b"other-1"
+    monkeypatch.chdir(data)
+    with pytest.raises(OSError, match=r"FileListSource: cannot read file '.*img/1.bin' "):
+        files[1]
