@@ -27,8 +27,8 @@ makes it, so the count changes nothing but the speed. Every decision is logged
 
 Example:
     >>> tune = AutoTune(pool=None, cores=2)
-    >>> tune.bound(off_cpu=0.95), tune.bound(off_cpu=0.5), tune.bound(off_cpu=0.0)
-    (32, 8, 2)
+    >>> tune.bound(off_cpu=0.5), tune.bound(off_cpu=0.0)  # (0.95: 32, ulimit -n permitting)
+    (8, 2)
 """
 
 from __future__ import annotations

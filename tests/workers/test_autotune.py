@@ -279,10 +279,11 @@ def test_the_tuner_climbs_keeps_what_pays_goes_back_from_what_does_not_and_steps
     assert tune.ceiling == 2
 
 
-def test_reads_that_wait_most_of_the_time_take_up_to_sixteen_workers_a_core():
+def test_reads_that_wait_most_of_the_time_take_up_to_sixteen_workers_a_core(monkeypatch):
     # the bound was 4 workers a core however long the reads waited: on 2 cores it stopped at
     # 8, where 32 read a 2 ms-a-record source 3.7x faster
-    pool = FakePool(capacity=64)
+    monkeypatch.setattr(monitor, "_workers_by_descriptors", lambda: monitor.MAX_WORKERS)
+    pool = FakePool(capacity=64)  # (a machine's ulimit -n of 256 bounds it to 24)
     tune = monitor.AutoTune(pool, cores=2)
     assert tune.capacity() == 32
     plan = [(100, 0.0, 1.0, 0.05)]  # the first window opens
@@ -305,7 +306,8 @@ def test_prefetch_auto_doubles_the_tasks_ahead_while_the_loop_waits_on_idle_work
     assert pool.prefetch == 8 and pool.active == 4
 
 
-def test_a_streams_counts_are_those_dividing_its_readers():
+def test_a_streams_counts_are_those_dividing_its_readers(monkeypatch):
+    monkeypatch.setattr(monitor, "_workers_by_descriptors", lambda: monitor.MAX_WORKERS)
     tune = monitor.AutoTune(FakePool(), cores=4, counts=[1, 2, 3, 6])
     assert tune.allowed(4, 2, 8) == 3 and tune.allowed(5, 2, 8) == 6  # nearest, then lower
     assert tune.allowed(2, 4, 5) is None and tune.capacity() == 6
