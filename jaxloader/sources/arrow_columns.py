@@ -124,8 +124,10 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None,
                                                   if len(first) else "")
         raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column,
                                        floats=pa.types.is_floating(array.type)))
-    array = _entries(array)
     kind = array.type
+    if pa.types.is_map(kind):  # (before its list's branch: it is one)
+        return ArrowRows(array, ragged=True, where=f"column {name!r} of {path!r}",
+                         values=_pairs(array.values))
     if pa.types.is_dictionary(kind):  # (a pandas categorical: its values, as a column of them
         return _decode_array(array.dictionary_decode(), name, path, column,  # is decoded)
                              group)
@@ -160,23 +162,22 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None,
 def _inner(values: Any, name: str, path: str, column: str | None) -> np.ndarray:
     """A list column's values as NumPy: lists of one length inside one more axis a depth,
     inner lists of other lengths an array a row."""
-    values = _entries(values)
     decoded = _decode_array(values, name, path, column) if is_list(values.type) else None
     return decoded if isinstance(decoded, np.ndarray) else numpy_of(values)
 
 
-def _entries(array: Any) -> Any:
-    """A map array as the list of its entries' structs, the same buffers: a row's entries
-    ``{'key': k, 'value': v}`` dicts, as a list of structs is read (and as Hugging Face's
-    ``datasets`` and polars read a map), the same with a ``Map`` or without; Arrow's own
-    ``(key, value)`` tuples in a Python list were a pytree a ``Map`` returning the record
-    batched by entry position, and no ``Map`` an object array of lists."""
-    import pyarrow as pa
-
-    if not pa.types.is_map(array.type):
-        return array
-    return pa.ListArray.from_arrays(array.offsets, array.values)  # (a slice's offsets index
-    # all its values, as ``values`` are)
+def _pairs(entries: Any) -> np.ndarray:
+    """A map's entries (its key and item struct array) as an object array of ``(key, value)``
+    tuples, Arrow's own Python values (``dict(row)`` a dict, as of pyarrow's list of them):
+    a row is then one leaf, an object array, batched the same with a ``Map`` or without, where
+    a Python list of tuples was a pytree a ``Map`` returning the record batched by entry
+    position (keys made arrays, rows of other lengths refused), and no ``Map`` an object
+    array of lists."""
+    keys, items = entries.field(0).to_pylist(), entries.field(1).to_pylist()
+    out = np.empty(len(keys), object)
+    for i, pair in enumerate(zip(keys, items)):  # (assigned one by one: a list of tuples
+        out[i] = pair  # given at once would make a 2-D array)
+    return out
 
 
 _NO_BYTES = np.zeros(0, np.uint8)

@@ -427,34 +427,29 @@ def test_a_null_in_a_map_column_is_refused_not_made_a_float_beside_none(tmp_path
         jl.ParquetSource(path)[0]
     pq.write_table(pa.table({"m": pa.array([[("id", 2**53 + 1)], [("id", 7), ("x", 5)]],
                                            pa.map_(pa.string(), pa.int64()))}), path)
-    assert jl.ParquetSource(path)[0]["m"].tolist() == [{"key": "id", "value": 2**53 + 1}]
+    assert jl.ParquetSource(path)[0]["m"].tolist() == [("id", 2**53 + 1)]
     from jaxloader.sources.arrow_columns import nested_nulls
 
     assert nested_nulls(holed.slice(0, 1)) == 0 and nested_nulls(holed.slice(1, 1)) == 1
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_map_column_is_its_entries_as_a_list_of_structs_is_with_a_map_or_without(
-        tmp_path, num_workers):
+def test_a_map_columns_row_is_one_leaf_of_its_pairs_with_a_map_or_without(tmp_path,
+                                                                         num_workers):
     # a map's rows were Arrow's lists of (key, value) tuples: no Map, an object array of lists;
     # a Map returning the record, a pytree batched by entry position (keys made arrays), which
-    # rows of other lengths refused. Now a row is its entries' {'key', 'value'} dicts, as a
-    # list of structs is read, in a struct or a list too, and the batch the same either way
-    entry = pa.struct([("key", pa.string()), ("value", pa.int64())])
+    # rows of other lengths refused. A row is now an object array of its (key, value) tuples
+    # (dict(row) a dict, as of pyarrow's list), in a struct too, the batch the same either way
     rows = [[(f"k{i}", i), ("n", -i)] for i in range(6)]
     path = str(tmp_path / "maps.parquet")
     pq.write_table(pa.table({
         "m": pa.array(rows, pa.map_(pa.string(), pa.int64())),
         "s": pa.array([{"m": r[:1]} for r in rows], pa.struct([("m", pa.map_(pa.string(),
-                                                                            pa.int64()))])),
-        "l": pa.array([[r] for r in rows], pa.list_(pa.map_(pa.string(), pa.int64()))),
-        "as_list": pa.array([[{"key": k, "value": v} for k, v in r] for r in rows],
-                            pa.list_(entry))}), path, row_group_size=4)
+                                                                            pa.int64()))]))}),
+        path, row_group_size=4)
     src = jl.ParquetSource(path)
-    entries = [{"key": "k4", "value": 4}, {"key": "n", "value": -4}]
-    assert src[4]["m"].tolist() == entries == src[4]["as_list"].tolist()
-    assert src[4]["s"]["m"].tolist() == entries[:1]
-    assert [e.tolist() for e in src[4]["l"]] == [entries]
+    assert src[4]["m"].tolist() == [("k4", 4), ("n", -4)] and dict(src[4]["m"])["n"] == -4
+    assert src[4]["s"]["m"].tolist() == [("k4", 4)]
     batches = []
     for transforms in ([], [jl.Map(lambda r: r)]):
         with jl.DataLoader(src, batch_size=3, transforms=transforms,
@@ -462,9 +457,9 @@ def test_a_map_column_is_its_entries_as_a_list_of_structs_is_with_a_map_or_witho
             batches.append(list(loader))
     for plain, mapped in zip(*batches):
         assert plain["m"].shape == mapped["m"].shape == (3, 2)
-        assert plain["m"].tolist() == mapped["m"].tolist() == plain["as_list"].tolist()
+        assert plain["m"].tolist() == mapped["m"].tolist()
         assert plain["s"]["m"].tolist() == mapped["s"]["m"].tolist()
-    assert batches[0][1]["m"][0].tolist() == [{"key": "k3", "value": 3}, {"key": "n", "value": -3}]
+    assert batches[0][1]["m"][0].tolist() == [("k3", 3), ("n", -3)]
 
 
 def test_structs_become_dicts_of_their_fields_batched(tmp_path):
