@@ -187,18 +187,20 @@ def main() -> None:
         print(f"resumed from step {step} (loader at epoch {loader.epoch}, step {loader.step})")
     log = loss_log(args, step)
 
-    with loader, jax.set_mesh(mesh):
-        batches = iter(loader)
-        progress = tqdm(range(step, args.steps), initial=step, total=args.steps, desc="train",
-                        mininterval=1.0)
-        for step in progress:
-            state, loss = train_step(state, next(batches))
-            report(step + 1, loss, log, progress, loader)
-            manager.save(step + 1, args=ocp.args.Composite(  # the last step always: a run
-                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)),  # found done
-                         force=step + 1 == args.steps)
-    manager.wait_until_finished()
-    manager.close()
+    try:
+        with loader, jax.set_mesh(mesh):
+            batches = iter(loader)
+            progress = tqdm(range(step, args.steps), initial=step, total=args.steps, desc="train",
+                            mininterval=1.0)
+            for step in progress:
+                state, loss = train_step(state, next(batches))
+                report(step + 1, loss, log, progress, loader)
+                manager.save(step + 1, args=ocp.args.Composite(  # the last step always: a run
+                    state=ocp.args.StandardSave(state), loader=LoaderSave(loader)),  # found done
+                             force=step + 1 == args.steps)
+    finally:  # (a Ctrl-C too: the checkpoint being written is finished, where the
+        manager.wait_until_finished()  # interpreter's shutdown refused Orbax's commit
+        manager.close()  # thread, losing that checkpoint with an error printed)
     print(f"final loss: {float(loss):.4f} (bits per byte {float(loss) / np.log(2):.3f})")
     if eval_paths:
         evaluate(model, state["params"], eval_paths, args, mesh)
