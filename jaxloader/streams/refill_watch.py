@@ -107,9 +107,9 @@ _SCALARS = (int, float, complex, str, bytes, np.generic)
 def samples(record: Any) -> list[tuple[str, Any, Any]]:
     """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds (up to
     ``_LEAVES``), then ``(path, value, None)`` for its numbers and strings, compared as objects
-    (the same dict given new values holds new ones), and ``(path, list, its first items)``
-    for a list of them (token ids: one leaf), up to ``_LEAVES`` of those: a record of many
-    numbers still has its arrays sampled."""
+    (the same dict given new values holds new ones), and ``(path, list, its length and items
+    at spaced places)`` for a list of them (token ids: one leaf), up to ``_LEAVES`` of those:
+    a record of many numbers still has its arrays sampled."""
     arrays: list[tuple[str, Any, Any]] = []
     scalars: list[tuple[str, Any, Any]] = []
     _walk(record, "", arrays, scalars, 0)
