@@ -68,6 +68,12 @@ class MappedFiles:
         self._next_at = 0.0  # (perf_counter: the next check's time, 100x the last's after it)
         self._soon_at = 0.0  # (perf_counter: when soon() next checks)
 
+    def watch(self, soon: bool = False) -> None:
+        """``check()`` (``soon``: ``soon()``) where a file is stamped: a source's
+        ``check_mapped``, before each batch a loader makes of it."""
+        if self.stamps:
+            self.soon() if soon else self.check()
+
     def soon(self) -> None:
         """``check()`` where ``_SOON_S`` has passed since the last (a record's read, each
         ~1 us: a stat each, 2.6 us, read them at half their speed; a loader's batch maker

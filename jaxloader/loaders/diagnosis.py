@@ -181,9 +181,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     now_s = max(1e-12, steady - stall) / steps  # seconds a batch now (the start's long waits
     # once: not a batch's)
     # those long waits: passes' starts, each with the workers' first tasks; else the run's
-    starts = ("as passes started and the workers made their first tasks" if num_workers and
-              not endless else "as the run started and the workers made their first tasks"
-              if num_workers else "early in a pass (a slow first read or transform?)")
+    passes = bool(num_workers) and not endless  # (whose remedy is longer ones)
+    starts = ("as passes started and the workers made their first tasks" if passes else
+              "as the run started and the workers made their first tasks" if num_workers else
+              "early in a pass (a slow first read or transform?)")
     step_s = stats.run_s / steps  # the training step's, between batches
     made_count = max(1, stats.batches_made)
     work_s = (max(0.0, busy_s - compiled - slot_s) if stats.workers else made_total) / \
@@ -249,7 +250,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                              f", {stall / waited:.0%} of it in {stats.stalls} long wait(s) "
                              f"({1e3 * stall / stats.stalls:.0f} ms each) {starts}, {calm:.0%} "
                              "otherwise" + ("; longer passes (num_epochs=None) stall less "
-                                            "often" if "passes" in starts else "")
+                                            "often" if passes else "")
                              if stall else ""))
         if num_workers > 1 and busy < 0.5:
             fewer = fit(max(1, round(num_workers * busy / 0.8)))
@@ -378,6 +379,6 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     if stall and bottleneck != "step":  # (most of the time: short passes' starts limit it)
         advice.append(f"{stall / waited:.0%} of the wait in {stats.stalls} long wait(s) "
                       f"{starts}" + (": longer passes (num_epochs=None, or more steps a pass) "
-                                     "start less often" if "passes" in starts else ""))
+                                     "start less often" if passes else ""))
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)

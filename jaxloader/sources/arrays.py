@@ -155,9 +155,8 @@ class ArraySource:
     def arrays(self) -> list[np.ndarray]:
         """The leaves, in treedef order (what a batch is gathered from: a memory-mapped file
         changed in place since is refused here)."""
-        if self._mapped.stamps:  # (a stat a file each batch: a file cut since, read, ends
-            self._mapped.check()  # the process by SIGBUS, with no word)
-        return self._arrays
+        self._mapped.watch()  # (a stat a file each batch: a file cut since, read, ends the
+        return self._arrays  # process by SIGBUS, with no word)
 
     def __len__(self) -> int:
         return self._len
@@ -167,10 +166,7 @@ class ArraySource:
         as ``RaggedSource.check_mapped`` does: before each batch a loader makes of it, records
         read one by one (under a ``Map``) too; ``soon``: at most every 10 ms (a record read
         outside a loader)."""
-        if self._mapped.stamps and soon:
-            self._mapped.soon()
-        elif self._mapped.stamps:
-            self._mapped.check()
+        self._mapped.watch(soon)
 
     def __getitem__(self, index: int) -> Any:
         if self._mapped.stamps:

@@ -118,10 +118,7 @@ class RaggedSource:
         process by SIGBUS, with no word. Before each batch a loader makes of it, or of a
         source over it (``BatchMaker``); ``soon``: at most every 10 ms (a record's own read,
         a ``PackedSource``'s rows read outside a loader)."""
-        if self._mapped.stamps and soon:
-            self._mapped.soon()
-        elif self._mapped.stamps:
-            self._mapped.check()
+        self._mapped.watch(soon)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         self.check_mapped(soon=True)
