@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 import time
 import warnings
@@ -225,15 +226,54 @@ def test_a_costly_check_of_mapped_files_waits_a_hundred_times_its_time(tmp_path,
     path.write_bytes(b"0" * 64)
     files = mapped_files.MappedFiles("a source", paths=[str(path)])
     times = iter([0.0, 1e-5,  # (a check of 10 us, cheap: each time; a real clock on a loaded
-                  10.0, 11.0, 60.0, 112.0, 113.0])  # machine was not) (one of 1 s: from 111 s)
+                  10.0, 11.0,  # machine was not) (one of 1 s, after a cheap one: the OS's
+                  20.0, 21.5,  # doing, each time still) (a second: from 20 + 1.5 + 100 s)
+                  60.0, 122.0])
     monkeypatch.setattr(mapped_files, "perf_counter", lambda: next(times))
+    files.check()
     files.check()
     assert files._next_at == 0.0
     files.check()
     path.write_bytes(b"1" * 32)
     files.check()  # (at 60 s: not looked at)
     with pytest.raises(jl.RecordError, match=r"a.arrow' changed in place .*64 bytes then, 32"):
-        files.check()  # (at 112 s)
+        files.check()  # (at 122 s)
+
+
+def test_one_slow_check_of_mapped_files_skips_none_after_it(tmp_path, monkeypatch):
+    # a check the OS preempted (20 ms) skipped the checks of the next 2 s: a file cut then
+    # was read, and killed the process by SIGBUS without a word (the data audit)
+    from jaxloader.base import mapped_files
+
+    path = tmp_path / "a.arrow"
+    path.write_bytes(b"0" * 64)
+    files = mapped_files.MappedFiles("a source", paths=[str(path)])
+    times = iter([0.0, 0.02, 0.03])
+    monkeypatch.setattr(mapped_files, "perf_counter", lambda: next(times))
+    files.check()
+    path.write_bytes(b"1" * 32)
+    with pytest.raises(jl.RecordError, match=r"a.arrow' changed in place .*64 bytes then, 32"):
+        files.check()  # (at 30 ms)
+
+
+def test_a_file_of_many_mapped_ones_changed_between_passes_is_refused(tmp_path):
+    # 40 local files took a check over 50 us: the next ones were skipped for 100 times that,
+    # and a file cut as a pass ended was read by the next pass's first batches: a SIGBUS, in
+    # process without a word (rewritten in place, as here: batches of the new data, unseen)
+    leaves = {}
+    for k in range(100):
+        np.save(tmp_path / f"x{k}.npy", np.full((16, 4), k, np.float32))
+        leaves[f"x{k}"] = np.load(tmp_path / f"x{k}.npy", mmap_mode="r")
+    with jl.DataLoader(jl.ArraySource(leaves), batch_size=8, shuffle=False, num_workers=0,
+                       process_index=0, process_count=1) as loader:
+        assert [b["x7"][0, 0] for b in loader] == [7.0, 7.0]
+        stamp = os.stat(tmp_path / "x7.npy").st_mtime_ns
+        with open(tmp_path / "x7.npy", "r+b") as f:  # (in place: its inode and size kept)
+            f.seek(-4, os.SEEK_END)
+            f.write(np.float32(-1).tobytes())
+        os.utime(tmp_path / "x7.npy", ns=(stamp + 10**9, stamp + 10**9))
+        with pytest.raises(jl.RecordError, match=r"x7.npy' changed in place"):
+            next(iter(loader))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
