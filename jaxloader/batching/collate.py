@@ -34,7 +34,8 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import DeferredTake, take_rows
 from jaxloader.base.errors import CollateError
 from jaxloader.base.string_column import StringColumn, split
-from jaxloader.batching.record_columns import Column, raise_leaf_mismatch
+from jaxloader.batching.leaf_mismatch import raise_leaf_mismatch
+from jaxloader.batching.record_columns import Column
 
 _ALIGN = 64  # bytes: cache-line alignment of every leaf in a buffer
 _OBJECT = np.dtype(object)
