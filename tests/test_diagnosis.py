@@ -615,6 +615,34 @@ def test_waiting_for_a_core_is_not_taken_for_reads_waiting_and_parked_workers_no
     assert d.bottleneck == "workers" and "busy only" not in str(d), d
 
 
+def test_workers_autotune_started_late_are_judged_by_their_own_time_in_use():
+    # autotune grew 1 -> 8 workers, each busy all its time since it started: shares of the
+    # whole run (1.0, 0.5, 0.25...) read "busy only 41%: they wait for tasks (a larger
+    # prefetch= helps)", where more workers or read_threads would (the diagnosis audit)
+    from jaxloader.base.stats import WorkerStats
+
+    joined = (3.0, 1.5, 0.75, 0.75, 0.375, 0.375, 0.375, 0.375)
+    workers = tuple(WorkerStats(i, 1, 10, 80, 1 << 20, busy_s=t, cpu_s=0.05 * t, in_use_s=t,
+                                stages={"read": t}) for i, t in enumerate(joined))
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=800, stages={"read": sum(joined), "consumer wait": 2.5,
+                                             "step": 0.5}, workers=workers, num_workers=8)
+    assert stats.busy == (1.0,) * 8
+    d = diagnose(stats, num_workers=8, cores=2)
+    assert d.bottleneck == "source" and "busy only" not in str(d), d
+    assert "reads wait" in d.advice[0] and "num_workers=16" in d.advice[0], d
+    # a worker parked before the window (0 s in use) is no idle one
+    parked = stats._replace(workers=(*workers[:2], workers[2]._replace(busy_s=0.0, in_use_s=0.0)))
+    assert "busy only" not in str(diagnose(parked._replace(num_workers=2), num_workers=2, cores=2))
+    later = stats._replace(workers=tuple(w._replace(busy_s=2 * w.busy_s, in_use_s=2 * w.in_use_s)
+                                         for w in workers), batches=200)
+    assert [w.in_use_s for w in later.since(stats).workers] == list(joined)
+    began = time.perf_counter()
+    with jl.DataLoader(arrays(), batch_size=16, num_workers=2, **ONE) as loader:
+        list(loader)
+        assert all(0 < w.in_use_s <= time.perf_counter() - began for w in loader.stats.workers)
+
+
 def test_cores_taken_by_other_processes_are_not_advised_as_idle():
     # one worker of this loader and one of another on 2 cores: "1 of 2 cores idle:
     # num_workers=2, expected ~1.9x" (1.07x when followed), while the worker had waited for

@@ -52,6 +52,9 @@ class WorkerStats(NamedTuple):
     #: seconds it waited for a core (Linux's schedstat; 0 elsewhere): of ``busy_s - cpu_s``,
     #: the part that is no read waiting
     queued_s: float = 0.0
+    #: seconds it was in use (``num_workers="auto"`` starts some late and parks others; None:
+    #: not counted): its busy share is of this time, where shorter than the run's
+    in_use_s: float | None = None
 
 
 class LoaderStats(NamedTuple):
@@ -145,7 +148,8 @@ class LoaderStats(NamedTuple):
         steady = self.wall_s - self.first_batch_s
         if self.batches < 2 or steady <= 0:
             steady = self.wall_s
-        return tuple(min(1.0, w.busy_s / steady) if steady else 0.0 for w in self.workers)
+        return tuple(min(1.0, w.busy_s / min(steady, w.in_use_s or steady)) if steady else 0.0
+                     for w in self.workers)
 
     def since(self, earlier: "LoaderStats") -> "LoaderStats":
         """The stats of the window from ``earlier`` (this loader's stats read before) to these:
@@ -177,7 +181,9 @@ class LoaderStats(NamedTuple):
             workers.append(w if e is None or w.batches < e.batches else w._replace(
                 batches=w.batches - e.batches, records=w.records - e.records,
                 bytes=w.bytes - e.bytes, busy_s=w.busy_s - e.busy_s, cpu_s=w.cpu_s - e.cpu_s,
-                stages=_minus(w.stages, e.stages), queued_s=max(0.0, w.queued_s - e.queued_s)))
+                stages=_minus(w.stages, e.stages), queued_s=max(0.0, w.queued_s - e.queued_s),
+                in_use_s=None if w.in_use_s is None or e.in_use_s is None else max(
+                    0.0, w.in_use_s - e.in_use_s)))
         batches = self.batches - earlier.batches
         ahead = (self.ready_ahead * self.batches - earlier.ready_ahead * earlier.batches)
         return LoaderStats(

@@ -228,6 +228,7 @@ class StageTotals:
         self.seconds: dict[str, float] = {}
         self.busy_s = self.cpu_s = 0.0
         self.queued_s = 0.0  # (sent by a remote maker; a local one's read from /proc here)
+        self.in_use_s = 0.0  # (seconds it was in use: ``Gauges.in_use_s``)
         self.batches = self.records = self.bytes = 0
         self.trace: list = []  # (stage, start, end), the last TRACE_KEEP
         self._queued: deque = deque()  # absorbed, not yet added (append, popleft: atomic)
@@ -287,6 +288,8 @@ class Gauges:
         self.makers = [StageTotals() for _ in range(makers)]
         self.trace = False
         self.reset_at = 0.0  # (``time.monotonic``, one clock for every process on Linux)
+        self._active, self._active_at = makers, time.monotonic()  # (makers in use, since)
+        self._using = threading.Lock()
         self._window()
 
     def _window(self) -> None:
@@ -305,8 +308,24 @@ class Gauges:
         self.makers = [StageTotals() for _ in self.makers]
         for totals, pull in zip(self.makers, pulls):
             totals.pull = pull
-        self.reset_at = time.monotonic()  # a worker's timings of work begun before: dropped
-        self._window()
+        self.reset_at = self._active_at = time.monotonic()  # a worker's timings of work
+        self._window()  # begun before: dropped
+
+    def in_use(self, active: int) -> None:
+        """The first ``active`` makers are in use from now (``num_workers="auto"`` parks some,
+        starts others): each one's busy share is of its own time in use (a worker started
+        late, busy since, was told idle for the run before it came: the diagnosis audit)."""
+        self.in_use_s(0)  # (the time so far counted at the count before)
+        self._active = active
+
+    def in_use_s(self, i: int) -> float:
+        """Seconds maker ``i`` has been in use since the counts began."""
+        with self._using:
+            now = time.monotonic()
+            for totals in self.makers[:self._active]:
+                totals.in_use_s += now - self._active_at
+            self._active_at = now
+        return self.makers[i].in_use_s if i < len(self.makers) else 0.0
 
     def received(self, stands_for: int, seconds: float, ready: dict) -> None:
         """A timed receipt standing for ``stands_for`` receipts (``weight``), and one batch of

@@ -168,13 +168,16 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # over the workers in use (those autotune parked keep the busy time of when they ran)
     busy_s = sum(w.busy_s for w in stats.workers)
     steady = max(1e-12, stats.wall_s - stats.first_batch_s)
-    # each worker's share of the steady run, less its JitMap compilations (in its first
-    # batch, before the steady run: taken off before the share is capped) and its slot waits
-    # (a bigger slot asked of the training process: its work, not the worker's)
-    shares = [min(1.0, max(0.0, w.busy_s - w.stages.get(SLOT_WAIT, 0.0) - sum(
-        v for k, v in w.stages.items() if once(k))) / steady) for w in stats.workers]
-    busy = min(1.0, sum(shares) / max(1, stats.num_workers or len(shares))) if shares else 0.0
-    # (at most 1: a Ray actor lost, or a worker parked, leaves its share over fewer in use)
+    # each worker's busy time in the steady run (or its own time in use, where shorter: one
+    # autotune started late), less its JitMap compilations (in its first batch, before the
+    # steady run: taken off before the share is capped) and its slot waits (a bigger slot
+    # asked of the training process: its work, not the worker's); their share of that time
+    spans = [steady if w.in_use_s is None else min(steady, w.in_use_s) for w in stats.workers]
+    worked = [min(span, max(0.0, w.busy_s - w.stages.get(SLOT_WAIT, 0.0) - sum(
+        v for k, v in w.stages.items() if once(k)))) for span, w in zip(spans, stats.workers)]
+    whole = sum(spans) if all(w.in_use_s is not None for w in stats.workers) else \
+        steady * max(1, stats.num_workers or len(worked))  # (times not counted: over those in
+    busy = min(1.0, sum(worked) / max(1e-12, whole)) if worked else 0.0  # use now, at most 1)
     slot_s = sum(w.stages.get(SLOT_WAIT, 0.0) for w in stats.workers)
     # the steps timed: one between each two batches, and one before a window's first
     steps = max(1, per if stats.window else per - 1)

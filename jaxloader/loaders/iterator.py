@@ -86,7 +86,8 @@ class Progress:
                              max(0.0, totals.busy_s - totals.cpu_s))
                 # (at most the tasks' time off their CPU: waits outside tasks are not theirs)
                 workers.append(WorkerStats(i, pid, totals.batches, totals.records, totals.bytes,
-                                           totals.busy_s, totals.cpu_s, mine, queued))
+                                           totals.busy_s, totals.cpu_s, mine, queued,
+                                           gauges.in_use_s(i)))
         if gauges.receipt_w or gauges.handouts:
             stages[HANDOVER] = gauges.hand_over_s(self.batches)
         if self.place_s:
@@ -166,8 +167,7 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         # When the last batch was handed out, once _checks has started the consumer's time
         # (on the first call, and again after a call that failed: the time until the next
         # call is not the consumer's). next() tests one value, check_at, for all of it.
-        self._last_return = 0.0
-        self._last_cpu = 0.0  # the training process's CPU time then (time.process_time)
+        self._last_return, self._last_cpu = 0.0, 0.0  # (and the process's CPU time then)
         self._timing = False
         progress.check_at = 0.0
         self._interrupted = True  # no work under way yet: _start() (or the first next()) starts it

@@ -70,6 +70,7 @@ class Roster:
         self.layouts: list[Any] = []
         self.active = self.target = count if active is None else active
         self.since = 0  # the first step submitted with the count in use
+        gauges.in_use(self.active)
         try:
             for _ in range(count):
                 self.add()
@@ -159,6 +160,7 @@ class Roster:
             log.info("parked %d worker process(es) (kept, idle): %d in use",
                      self.active - target, target)
         self.active, self.since = target, step
+        self._gauges.in_use(target)
         if started < len(self.workers):
             send_payload(started)
 
