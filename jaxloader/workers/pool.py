@@ -9,20 +9,20 @@
       gauges: each worker's stage timings (base/timings), the hand-over's
       block in poll(all worker pipes)              (a dead worker's pipe reports EOF at once)
 
-``N`` is the workers in use (``roster.py``; ``resize`` changes it between two blocks of tasks,
-a batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the
+``N`` is the workers in use (``roster.py``; ``resize`` changes it between two blocks of tasks, a
+batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the
 samplers' memos, kept by class of step, are computed once, and a stream's reader for the step
-lives there. A task is several of a worker's steps (up to half a second of them), so that a
-small batch costs its share of a task's two messages; tasks go out a block at a time, one a
-worker, as many ahead as ``tasks.py`` says (a run's first block a step a task: its first batch
-comes at once). A slot goes back to the worker that wrote it (``SlotRing.take(worker)``), which
-keeps its mapping. A new ``batches()`` run makes the old run's tasks stale
-(``StatusBoard.begin_run``): their workers skip the steps not yet made, the rest are dropped,
-and their slots come back, so a restore waits for one step at most; an older run another
-thread still drives ends at its next turn (``in_process.Runs``). Broken is a state: once a
-worker raises or dies, the pool raises a ``WorkerError`` naming the worker, its pid, what it
-was doing (a dead one's last report first: why it ended) and the remedy (``failures.py``),
-and so does every later call. A late batch is said (``stalls.py``).
+lives there (but for blocks new workers take alone: ``Roster.takers``). A task is several of a
+worker's steps (up to half a second of them), so that a small batch costs its share of a task's
+two messages; tasks go out a block at a time, one a worker, as many ahead as ``tasks.py`` says
+(a run's first block a step a task: its first batch comes at once). A slot goes back to the
+worker that wrote it (``SlotRing.take(worker)``), which keeps its mapping. A new ``batches()``
+run makes the old run's tasks stale (``StatusBoard.begin_run``): their workers skip the steps
+not yet made, the rest are dropped, and their slots come back, so a restore waits for one step
+at most; an older run another thread still drives ends at its next turn (``in_process.Runs``).
+Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
+worker, its pid, what it was doing (a dead one's last report first: why it ended) and the remedy
+(``failures.py``), and so does every later call. A late batch is said (``stalls.py``).
 
 One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run
 may be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run
@@ -198,16 +198,16 @@ class WorkerPool:
                             break
                         roster = self.roster
                         # (a task done, unread, is in flight: read first, lest its worker wait)
-                        if roster.busiest() >= ahead and not (
+                        if not (who := roster.takers(ahead, not streaming)) and not (
                                 self._receive(run, ready, block=False)
-                                and roster.busiest() < ahead):
+                                and (who := roster.takers(ahead, not streaming))):
                             break
                         if roster.target != roster.active and not streaming:
                             roster.apply(self._send_payload, next_submit)
                             self._shapes = {}
                             continue
                         steps = 1 if next_submit == start else steps  # (its first batch soon)
-                        next_submit = self._submit_block(next_submit, stop, steps, run, resets)
+                        next_submit = self._submit_block(next_submit, stop, steps, run, resets, who)
                     if next_yield not in ready:
                         self._receive(run, ready, awaited=next_yield)
                         continue
@@ -248,26 +248,25 @@ class WorkerPool:
         return shape
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
-                      resets: list | None) -> int:
-        """Tasks for ``[start, end)``, ``steps`` a worker ``w``, those ``= w mod N``: ``end``."""
-        workers = self.roster.active
-        end = start + workers * steps if stop is None else min(start + workers * steps, stop)
-        for first in range(start, min(start + workers, end)):
-            worker = first % workers
+                      resets: list | None, who: list[int]) -> int:
+        """Tasks for ``[start, end)``, ``steps`` a worker, ``who[i]``'s ``= i mod N``: ``end``."""
+        n = len(who)
+        end = start + n * steps if stop is None else min(start + n * steps, stop)
+        for first in range(start, min(start + n, end)):
+            worker = who[first % n]
             reset = None
             if resets is not None and resets[worker] is not None:
                 reset, resets[worker] = resets[worker], None
-            self._submit(worker, first, len(range(first, end, workers)), run, reset)
+            self._submit(worker, first, len(range(first, end, n)), n, run, reset)
         return end
 
-    def _submit(self, worker: int, first: int, count: int, run: int, reset: Any) -> None:
-        segments = [self._ring.take(worker) for _ in range(count)]
+    def _submit(self, w: int, first: int, count: int, stride: int, run: int, reset: Any) -> None:
+        segments = [self._ring.take(w) for _ in range(count)]
         task_id, self._next_task = self._next_task, self._next_task + 1
-        self._tasks[task_id] = InFlight(worker, first, self.roster.active, run, segments)
-        self.roster.in_flight[worker] += 1
-        self._send(worker, Task(task_id, first, self.roster.active,
-                                tuple((s.name, s.size) for s in segments), reset,
-                                self.gauges.trace, run))
+        self._tasks[task_id] = InFlight(w, first, stride, run, segments)
+        self.roster.in_flight[w] += 1
+        self._send(w, Task(task_id, first, stride, tuple((s.name, s.size) for s in segments),
+                           reset, self.gauges.trace, run))
 
     def _send(self, worker: int, message: Any) -> None:
         try:

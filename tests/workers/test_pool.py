@@ -887,6 +887,48 @@ def test_workers_started_again_after_an_interrupt_keep_the_count_in_use():
         pool.close()
 
 
+class SleepyRows:
+    """Records whose read waits 2 ms (storage): workers busy without a core each."""
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return {"x": np.full(4, i, np.int64)}
+
+
+def test_workers_autotune_adds_share_the_work_of_one_with_a_backlog():
+    # blocks of tasks went to every worker alike once each had room: the first one's backlog
+    # of tasks ahead (made alone) stayed, and the workers started beside it were given a task
+    # only as it made room, busy half their time (autotune's 8 workers made 50 batches a
+    # second where 8 from the start made 97; the diagnosis audit)
+    from jaxloader.workers.roster import Roster
+
+    maker = BatchMaker(SleepyRows(), Sampler(10_000, 4, shuffle=False, seed=0,
+                                             last_batch="drop"))
+    pool = WorkerPool(maker, 1, max_workers=4)
+    try:
+        batches = pool.batches(0, None)
+        for _ in range(150):  # (its tasks ahead: a backlog once others start)
+            next(batches)
+        pool.roster.resize(4)
+        for _ in range(150):
+            next(batches)
+        spreads = []  # (tasks in flight, the most a worker holds less the fewest)
+        for _ in range(300):
+            next(batches)
+            spreads.append(max(pool.roster.in_flight) - min(pool.roster.in_flight))
+    finally:
+        pool.close()
+    assert pool.roster.active == 4 and sorted(spreads)[150] <= 1, spreads  # (was 2: [4, 2, 2, 2])
+    roster = Roster.__new__(Roster)  # (its choice alone: no workers)
+    roster.active, roster.in_flight = 4, [12, 0, 1, 3]
+    assert roster.takers(12) == [1, 2] and roster.takers(12, balance=False) == []
+    roster.in_flight = [3, 4, 4, 3]  # (one task apart: a block for all, once all have room)
+    assert roster.takers(4) == [] and roster.takers(5) == [0, 1, 2, 3]
+
+
 def test_workers_asked_for_but_not_yet_started_are_started_by_a_restart():
     # resize() asks for 3; apply() starts the third at the next submission; an interrupt in
     # between restarted 2 workers with 3 in use: a bare IndexError at every later call
