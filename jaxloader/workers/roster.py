@@ -70,6 +70,7 @@ class Roster:
         self.layouts: list[Any] = []
         self.active = self.target = count if active is None else active
         self.since = 0  # the first step submitted with the count in use
+        self._catching_up = False  # a count grew: blocks for those behind (takers)
         gauges.in_use(self.active)
         try:
             for _ in range(count):
@@ -159,6 +160,7 @@ class Roster:
         elif target < self.active:
             log.info("parked %d worker process(es) (kept, idle): %d in use",
                      self.active - target, target)
+        self._catching_up = target > self.active  # (takers)
         self.active, self.since = target, step
         self._gauges.in_use(target)
         if started < len(self.workers):
@@ -170,13 +172,15 @@ class Roster:
 
     def takers(self, ahead: int, balance: bool = True) -> list[int]:
         """The workers in use the next block of tasks goes to, each holding fewer than
-        ``ahead``: all of them; or, ``balance``-d where one holds two tasks more than another
-        (autotune started workers beside one with its backlog), those with at most one more
-        than the fewest, until they catch up. Blocks for all alike kept the backlog: the new
-        workers got tasks only as the old one made room, busy half their time (autotune's 8
-        workers made 50 batches a second where 8 from the start made 97: the audit)."""
+        ``ahead``: all of them; or, ``balance``-d after a count grew, as long as one holds two
+        tasks more than another (those in use before, their backlog), those with at most one
+        more than the fewest. Blocks for all alike kept the backlog: the workers started got
+        tasks only as the others made room, busy half their time (autotune's 8 workers made
+        50 batches a second where 8 from the start made 97: the audit). (Not otherwise: the
+        tasks of a pool of small batches come back apart, and blocks for a few cost 10%.)"""
         flights = self.in_flight[:self.active]
         least = min(flights)
-        if not balance or max(flights) - least < 2:
-            return list(range(self.active)) if max(flights) < ahead else []
-        return [w for w, n in enumerate(flights) if n <= least + 1 and n < ahead]
+        if self._catching_up and balance and max(flights) - least >= 2:
+            return [w for w, n in enumerate(flights) if n <= least + 1 and n < ahead]
+        self._catching_up = False
+        return list(range(self.active)) if max(flights) < ahead else []

@@ -923,10 +923,12 @@ def test_workers_autotune_adds_share_the_work_of_one_with_a_backlog():
         pool.close()
     assert pool.roster.active == 4 and sorted(spreads)[150] <= 1, spreads  # (was 2: [4, 2, 2, 2])
     roster = Roster.__new__(Roster)  # (its choice alone: no workers)
-    roster.active, roster.in_flight = 4, [12, 0, 1, 3]
+    roster.active, roster.in_flight, roster._catching_up = 4, [12, 0, 1, 3], True
     assert roster.takers(12) == [1, 2] and roster.takers(12, balance=False) == []
-    roster.in_flight = [3, 4, 4, 3]  # (one task apart: a block for all, once all have room)
-    assert roster.takers(4) == [] and roster.takers(5) == [0, 1, 2, 3]
+    roster.in_flight = [3, 4, 4, 3]  # (one task apart: a block for all, once all have room;
+    assert roster.takers(4) == [] and roster.takers(5) == [0, 1, 2, 3]  # caught up for good)
+    roster.in_flight = [4, 0, 4, 4]  # (a pool of small batches: tasks come back apart)
+    assert roster.takers(4) == []
 
 
 def test_workers_asked_for_but_not_yet_started_are_started_by_a_restart():
