@@ -8,9 +8,9 @@ Two kinds, one interface (``Segment`` on the owner's side, ``attach(name, size)`
   owner leaks nothing, with no tracker to trust. The owner keeps the file open; a worker opens
   it through ``/proc/<owner pid>/fd/<fd>`` and checks its inode, so a reused descriptor number can
   never map the wrong file. The name is ``memfd:<owner pid>:<fd>:<inode>``.
-- **POSIX shared memory** (elsewhere): ``jaxloader_<owner pid>_<random>`` in ``/dev/shm``,
-  registered with Python's resource tracker while it exists so that a killed owner's segments
-  are unlinked. ``attach`` maps it without registering it (on Python 3.11 a tracker would unlink
+- **POSIX shared memory** (elsewhere, or where the kernel or a sandbox refuses memory files):
+  ``jaxloader_<owner pid>_<random>`` in ``/dev/shm``, registered with Python's resource tracker
+  while it exists so that a killed owner's segments are unlinked. ``attach`` maps it without registering it (on Python 3.11 a tracker would unlink
   the owner's segment when the worker exits). Workers never unlink.
 
 Either way the pages are reserved when the segment is made (``posix_fallocate``): memory that
@@ -48,8 +48,25 @@ from jaxloader.runtime.mapping import mapped
 PREFIX = "jaxloader"
 _PAGE = mmap.PAGESIZE
 _MEMFD = "memfd"
-# Memory files need memfd_create and a /proc to hand them over by.
-MEMFD_AVAILABLE = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+# Memory files need memfd_create, which the kernel and the sandbox allow, and a /proc to hand
+# them over by (a pipe, too: ``workers.stacks``).
+PROC_FDS = os.path.isdir("/proc/self/fd")
+
+
+def _memfd_works() -> bool:
+    """Whether a memory file can be made here: an old kernel under a newer C library (an
+    Apptainer image of Ubuntu 22.04 on a CentOS 7 host) says ENOSYS, a seccomp profile EPERM,
+    and the loader failed as it was made, with a bare ``OSError`` (the containers audit)."""
+    if not (hasattr(os, "memfd_create") and PROC_FDS):
+        return False
+    try:
+        os.close(os.memfd_create(f"{PREFIX}_probe", os.MFD_CLOEXEC))
+    except OSError as e:  # (no descriptor left now: made later, or refused by name then)
+        return e.errno in (errno.EMFILE, errno.ENFILE)
+    return True
+
+
+MEMFD_AVAILABLE = _memfd_works()
 # A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
 # open (a worker's mapping of a slot, a source's block: two of the process's descriptors,
 # often 1,024 at most); the owner's slots are mapped without one everywhere (runtime.mapping)
@@ -140,13 +157,16 @@ class Segment:
                 registry.pop(name, None)
             if isinstance(e, OSError) and e.errno == errno.ENOMEM:
                 raise unmappable(size, e) from e
-            if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOENT, errno.EACCES):
-                raise SharedMemoryError(  # (a bare "Read-only file system: '/jaxloader_...'")
+            if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOENT, errno.EACCES,
+                                                       errno.ENOSPC):
+                what = ("which has no room for another file (its inodes are used up: df -i "
+                        "/dev/shm; mount it with more, nr_inodes=0 for no limit)" if e.errno ==
+                        errno.ENOSPC else "which must be a writable tmpfs")  # (a bare "No
+                raise SharedMemoryError(  # space left", "Read-only file system: '/jaxloader_'")
                     f"shared memory: could not create a segment of {size:,} bytes in /dev/shm "
                     f"({e.strerror}): on this system the loader's shared memory is POSIX "
-                    "shared memory, in /dev/shm, which must be a writable tmpfs (in a "
-                    "container: docker run --shm-size=1g, or mount a tmpfs there); or use "
-                    "num_workers=0") from e
+                    f"shared memory, in /dev/shm, {what} (in a container: docker run "
+                    "--shm-size=1g, or mount a tmpfs there); or use num_workers=0") from e
             raise
         finally:
             if fd >= 0:

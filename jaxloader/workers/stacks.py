@@ -166,7 +166,7 @@ def _request_pipe(worker: int) -> tuple[int, int, str]:
     by). Where ``/proc`` is, an anonymous pipe opened through it; else a FIFO in a directory
     of its own, held open ``O_RDWR`` (both ends in one descriptor). This process holds a read
     end too, so a request made before the worker opens its own is kept for it."""
-    if shm.MEMFD_AVAILABLE:
+    if shm.PROC_FDS:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # (the worker's open through /proc is a file of its own: blocking, whatever these are)
         return write_end, read_end, f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -32,13 +34,39 @@ def test_a_dev_shm_read_only_or_missing_is_named_with_the_remedy(monkeypatch):
     from jaxloader.base.errors import SharedMemoryError
     from jaxloader.runtime import shm
 
-    for code in (errno.EROFS, errno.ENOENT):
-        def refused(*_, code=code, **__):
+    for code in (errno.EROFS, errno.ENOENT, errno.ENOSPC):  # (ENOSPC: out of inodes, bare too;
+        def refused(*_, code=code, **__):  # the containers audit)
             raise OSError(code, os.strerror(code), "/jaxloader_1_ab")
         monkeypatch.setattr(shm._posixshmem, "shm_open", refused)
-        with pytest.raises(SharedMemoryError, match=r"in /dev/shm \(.*\): .*writable tmpfs "
+        said = r"inodes are used up: df -i" if code == errno.ENOSPC else "writable tmpfs"
+        with pytest.raises(SharedMemoryError, match=rf"in /dev/shm \(.*\): .*{said}"
                                                     r".*--shm-size.*num_workers=0"):
             Segment.create(10_000, memfd=False)
+
+
+def test_memory_files_refused_by_the_kernel_or_a_sandbox_leave_the_loader_on_dev_shm(
+        tmp_path):
+    # an old kernel under a newer C library (ENOSYS), a seccomp profile (EPERM): the loader
+    # failed as it was made with a bare OSError, where /dev/shm would do (containers audit)
+    script = tmp_path / "refused.py"
+    script.write_text(textwrap.dedent("""
+        import errno, os, sys
+        def refused(*args, **kwargs):
+            raise OSError(int(sys.argv[1]), "refused")
+        os.memfd_create = refused
+        import numpy as np, jaxloader as jl
+        from jaxloader.runtime import shm
+        source = jl.ArraySource({"x": np.arange(64)})
+        with jl.DataLoader(source, batch_size=8, shuffle=False, num_workers=1,
+                           process_index=0, process_count=1) as loader:
+            print(sum(int(b["x"].sum()) for b in loader))
+        assert not shm.MEMFD_AVAILABLE and shm.PROC_FDS
+    """))
+    for code in (errno.ENOSYS, errno.EPERM):
+        done = subprocess.run([sys.executable, str(script), str(code)], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.split() == [str(sum(range(64)))], \
+            done.stderr[-2000:]
 
 
 def test_the_portable_paths_make_segments_and_say_what_refuses_them(monkeypatch):
