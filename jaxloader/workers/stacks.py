@@ -40,7 +40,9 @@ import tempfile
 import threading
 import time
 import traceback
+from typing import Any
 
+from jaxloader.base.errors import JaxloaderError
 from jaxloader.runtime import shm
 from jaxloader.runtime.limits import process_limits
 
@@ -156,8 +158,22 @@ def _stack_file(worker: int, files: list[tuple[int, str]]) -> None:
                     os.close(leftover)
             raise
         return
-    fd, path = tempfile.mkstemp(prefix=f"{shm.PREFIX}_stack_{worker}_")
+    fd, path = _temporary(tempfile.mkstemp, f"{shm.PREFIX}_stack_{worker}_")
     files.append((fd, path))
+
+
+def _temporary(make: Any, prefix: str) -> Any:
+    """``make(prefix=prefix)`` (``tempfile``'s), or the error that names the folder to give
+    (a read-only container without a writable /tmp: a bare "No usable temporary directory
+    found", the containers audit)."""
+    try:
+        return make(prefix=prefix)
+    except OSError as e:
+        raise JaxloaderError(
+            f"the workers' stack files: no writable temporary folder ({e}); where memory files "
+            "cannot be made (no /proc, or refused), each worker has a file there for its "
+            "stacks: set TMPDIR to a writable folder (in a container: --tmpfs /tmp), or use "
+            "num_workers=0") from e
 
 
 def _request_pipe(worker: int) -> tuple[int, int, str]:
@@ -170,7 +186,7 @@ def _request_pipe(worker: int) -> tuple[int, int, str]:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # (the worker's open through /proc is a file of its own: blocking, whatever these are)
         return write_end, read_end, f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"
-    directory = tempfile.mkdtemp(prefix=f"{shm.PREFIX}_ask_{worker}_")
+    directory = _temporary(tempfile.mkdtemp, f"{shm.PREFIX}_ask_{worker}_")
     path = os.path.join(directory, "ask")
     try:
         os.mkfifo(path, 0o600)

@@ -57,6 +57,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import errno
 import itertools
 import os
 import pickle
@@ -87,9 +88,13 @@ class Starter:
             boot = _BOOT.format(fd=theirs.fileno(), parent=os.getpid())
             self._popen = launch.launch(boot, pass_fds=(theirs.fileno(),),
                                         env=dict(environment))
-        except BaseException:
+        except BaseException as e:
             ours.close()
-            raise
+            if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM):
+                raise OSError(e.errno, f"could not start the worker starter process "
+                              f"({e.strerror}): free memory or processes ({process_limits()})"
+                              ", or ask for fewer num_workers (0: none)") from e  # (a bare
+            raise  # BlockingIOError under a container's --pids-limit: the containers audit)
         finally:
             theirs.close()
         ours.settimeout(_ANSWER_S)

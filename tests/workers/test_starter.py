@@ -366,3 +366,21 @@ def test_a_starter_whose_trainer_closed_its_end_before_a_reply_ends_quietly():
     theirs.close()
     with mine:
         starter_process._answer(mine, set())  # (returns: the link is closed)
+
+
+def test_a_starter_the_process_limit_refuses_is_named_with_the_limits(monkeypatch):
+    # a container's --pids-limit refused the worker starter's own start: a bare
+    # "BlockingIOError: [Errno 11] Resource temporarily unavailable" (the containers audit)
+    import errno
+
+    from jaxloader.workers import launch
+
+    def refused(*args, **kwargs):
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(launch, "launch", refused)
+    with pytest.raises(OSError, match=r"could not start the worker starter process \(Resource "
+                                      r"temporarily unavailable\): free memory or processes "
+                                      r"\(ulimit -u .*fewer num_workers") as raised:
+        starter.Starter(dict(os.environ))
+    assert raised.value.errno == errno.EAGAIN  # (autotune's growth ends on it, as on a fork's)

@@ -464,3 +464,17 @@ def test_without_proc_the_workers_are_still_asked_for_their_stacks(monkeypatch):
         assert asked == [[False, False], [True, True]]  # (with /proc: None is a worker gone)
     finally:
         board.destroy()
+
+
+def test_no_writable_temporary_folder_for_the_stack_files_is_named(monkeypatch, tmp_path):
+    # a read-only container without /proc's memory files: a bare "No usable temporary
+    # directory found in [...]" as the loader was made (the containers audit)
+    import tempfile
+
+    from jaxloader.runtime import shm
+
+    monkeypatch.setattr(shm, "MEMFD_AVAILABLE", False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    with pytest.raises(jl.JaxloaderError, match=r"stack files: no writable temporary folder "
+                                                r".*set TMPDIR to a writable folder"):
+        stacks._stack_file(0, [])
