@@ -32,7 +32,7 @@ from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.orbax_v1 import OrbaxV1
 from jaxloader.loaders.options import (LoaderOptions, Placement, check_jax_placement,
                                       check_worker_init_fn)
-from jaxloader.runtime import shm
+from jaxloader.runtime.descriptors import out_of_descriptors
 from jaxloader.runtime.worker_info import get_worker_info
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
             except OSError as e:  # (a pipe, a worker's status file: a bare "Errno 24")
                 if e.errno != errno.EMFILE:
                     raise
-                raise shm.out_of_descriptors(e, f"the {options.num_workers} workers' pipes "
+                raise out_of_descriptors(e, f"the {options.num_workers} workers' pipes "
                                                 "and status files") from e
             if tune is not None:
                 tune.pool = engine

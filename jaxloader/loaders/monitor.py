@@ -67,13 +67,13 @@ def _resident_bytes(pid: int) -> int:
 
 
 def _workers_by_descriptors() -> int:
-    """The workers whose descriptors here (``shm.WORKER_DESCRIPTORS`` each) take at most half
+    """The workers whose descriptors here (``descriptors.WORKER_DESCRIPTORS`` each) take at most half
     of those the limit leaves, the rest the batch slots' (``ulimit -n``: the tuner grew to 16
     workers under 256, and its next start failed in ``next()``, "Too many open files");
     ``MAX_WORKERS`` where unknown."""
     import resource
 
-    from jaxloader.runtime.shm import WORKER_DESCRIPTORS, open_descriptors
+    from jaxloader.runtime.descriptors import WORKER_DESCRIPTORS, open_descriptors
 
     soft, now = resource.getrlimit(resource.RLIMIT_NOFILE)[0], open_descriptors()
     if soft == resource.RLIM_INFINITY or now is None:

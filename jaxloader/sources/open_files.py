@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Hashable
 
-from jaxloader.runtime import shm
+from jaxloader.runtime.descriptors import descriptor_share
 from jaxloader.runtime.worker_info import get_worker_info
 
 # In a worker: every source's open handles, least recently used first. Not in the training
@@ -27,7 +27,7 @@ _EVERY: "collections.OrderedDict[tuple[int, Hashable], OpenFiles]" = collections
 def worker_budget() -> int:
     """The files a worker holds open, every source's together: a quarter of its descriptor
     limit, 4 to 256."""
-    return shm.descriptor_share(4, 256, untracked=True)
+    return descriptor_share(4, 256, untracked=True)
 
 
 class OpenFiles:

@@ -56,6 +56,7 @@ import numpy as np
 
 from jaxloader.base.errors import PerformanceWarning
 from jaxloader.runtime import shm
+from jaxloader.runtime.descriptors import descriptor_share
 from jaxloader.sources import block_tables
 
 # Decoded row groups a process keeps at most (``ParquetSource``'s cache): a row group shared
@@ -202,7 +203,7 @@ def max_owned() -> int:
     """``MAX_OWNED``, or fewer where an eighth of this process's descriptor limit holds fewer
     files (each a descriptor, two before Python 3.13): at a limit of 128 a worker held 149
     and failed to open a Parquet file, naming the file as if it were at fault."""
-    return shm.descriptor_share(8, MAX_OWNED, bool(_UNTRACKED))
+    return descriptor_share(8, MAX_OWNED, bool(_UNTRACKED))
 
 
 def _room() -> bool:

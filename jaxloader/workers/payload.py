@@ -43,7 +43,8 @@ from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
 from jaxloader.workers.by_value import GlobalsByName, importable, script_by_value
 from jaxloader.workers.source_copies import NOTED_MIN_BYTES
-from jaxloader.runtime.shm import SLOTS_REMEDY, Segment, attach, out_of_descriptors
+from jaxloader.runtime.descriptors import out_of_descriptors
+from jaxloader.runtime.shm import SLOTS_REMEDY, Segment, attach
 
 _MAPPED = ("a memory-mapped file, which the workers map and nothing is copied (np.save(path, "
            "array), then np.load(path, mmap_mode='r')), or num_workers=0")

@@ -58,7 +58,8 @@ from typing import Any
 import numpy as np
 
 from jaxloader.batching.collate import Layout
-from jaxloader.runtime.shm import Segment, open_descriptors
+from jaxloader.runtime.descriptors import open_descriptors
+from jaxloader.runtime.shm import Segment
 from jaxloader.workers import unpinning
 from jaxloader.workers.tasks import ahead_slots
 

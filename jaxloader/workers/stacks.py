@@ -44,6 +44,7 @@ from typing import Any
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.runtime import shm
+from jaxloader.runtime.descriptors import descriptors_of
 from jaxloader.runtime.limits import process_limits
 
 _STACK_WAIT_S = 1.0  # how long a stall report waits for the workers' stacks (their threads)
@@ -154,7 +155,7 @@ def _stack_file(worker: int, files: list[tuple[int, str]]) -> None:
             files.append((fd, f"memfd:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"))
         except BaseException:
             if not files or files[-1][0] != fd:
-                for leftover in [fd] if fd >= 0 else shm.descriptors_of(token):
+                for leftover in [fd] if fd >= 0 else descriptors_of(token):
                     os.close(leftover)
             raise
         return

@@ -50,7 +50,7 @@ def ahead_slots(taken: int = 0, others: int = 0) -> int:
     loaders alive, ``1 / (4 + others)`` of the limit less the ``taken`` descriptors
     (``ring.SlotRing``): so that loaders alive at once fit the table, where their slots would
     fill it (four task loaders with workers filled 1,024 on Python 3.11)."""
-    from jaxloader.runtime.shm import descriptor_share
+    from jaxloader.runtime.descriptors import descriptor_share
 
     return descriptor_share(4 + others, MAX_AHEAD_SLOTS, untracked=True, taken=taken)
 

@@ -44,6 +44,7 @@ from jaxloader.batching import jit_cpu
 from jaxloader.engines.in_process import Maker, StreamMaker
 from jaxloader.workers import payload, protocol, relay_worker, ties
 from jaxloader.runtime import shm, worker_info
+from jaxloader.runtime.descriptors import out_of_descriptors
 from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import SKIPPED, Done, Grow, Slot, Stop, Task
@@ -105,7 +106,7 @@ class _Slots:
                 return shm.attach(name, size)
             except OSError as again:
                 if again.errno == errno.EMFILE:
-                    raise shm.out_of_descriptors(again, "a batch slot in a worker") from e
+                    raise out_of_descriptors(again, "a batch slot in a worker") from e
                 raise shm.unmappable(size, again) from e
 
     def _close(self, name: str) -> None:

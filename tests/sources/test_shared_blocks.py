@@ -21,6 +21,7 @@ from jaxloader.sources import shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.runtime import worker_info
 from jaxloader.runtime import shm
+from jaxloader.runtime.descriptors import descriptor_share
 from resume_harness import assert_same_batch
 from sources.test_parquet import write_parts
 
@@ -206,7 +207,7 @@ def test_the_budgets_warning_names_what_bounds_it(monkeypatch):
                                   r"the others .*does: read fewer"),
                         (resource.RLIM_INFINITY, r"maps 256 .*at once \(256\)")):
         monkeypatch.setattr(resource, "getrlimit", lambda _, limit=limit: (limit, limit))
-        most = shm.descriptor_share(8, shared_blocks.MAX_OWNED, False)  # (as before 3.13)
+        most = descriptor_share(8, shared_blocks.MAX_OWNED, False)  # (as before 3.13)
         assert re.search(said, shared_blocks._budget_said(most)), (limit, most)
 
 

@@ -107,12 +107,12 @@ def test_the_tuner_grows_no_further_than_the_descriptor_limit_leaves_room_for(mo
     # once) and its first batch's slot found no descriptor left: "use fewer workers"
     import resource
 
-    from jaxloader.runtime import shm
+    from jaxloader.runtime import descriptors
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (128, 128))
-    monkeypatch.setattr(shm, "open_descriptors", lambda: 8)
+    monkeypatch.setattr(descriptors, "open_descriptors", lambda: 8)
     tune = monitor.AutoTune(FakePool(), cores=4)
-    assert tune.capacity() == (128 - 8) // (2 * shm.WORKER_DESCRIPTORS) == 12
+    assert tune.capacity() == (128 - 8) // (2 * descriptors.WORKER_DESCRIPTORS) == 12
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
     assert monitor.AutoTune(FakePool(), cores=4).capacity() == monitor.MAX_WORKERS
 
