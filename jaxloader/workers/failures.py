@@ -31,6 +31,7 @@ from jaxloader.base.abilities import parts_of
 from jaxloader.base.errors import (CollateError, JaxloaderError, SharedMemoryError,
                                    WorkerError)
 from jaxloader.base.mapped_files import changed_under
+from jaxloader.runtime.limits import memory_left
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
 from jaxloader.workers.launch import EXIT_UNKNOWN
@@ -109,6 +110,9 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
         how += (" (SIGBUS: memory it mapped lost its pages: a memory-mapped file the source "
                 "reads, np.load(..., mmap_mode='r'), truncated or rewritten as it was read; "
                 "replace such a file by renaming a new one into place)")
+    elif code is not None and code < 0 and -code in _FATAL_SIGNALS and "ulimit -v" in (
+            limit := memory_left()):  # (native code, XLA's, aborts where it cannot map more)
+        how += f" ({limit.split('; ')[0]}, which a worker's native code may have met)"
     doing = f"while making {where(step)}" if step is not None else (
         "while starting" if board.starting(worker) else "while idle" + (
             f", the loader awaiting {where(board.awaited)}" if board.awaited is not None
@@ -138,6 +142,11 @@ def pickled(maker: Any, init_fn: Any, keep: Callable[[Any], None], note: Callabl
         return payload.dumps((maker, init_fn), keep, note)
     except SharedMemoryError:
         raise
+    except MemoryError as e:  # (was told to make it picklable: the containers audit)
+        raise MemoryError(f"out of memory as the loader pickled the workers' source and "
+                          f"transforms to send them: {memory_left()}; keep less of the source "
+                          "in memory (read it from files, np.load(path, mmap_mode='r')), or "
+                          "use num_workers=0") from e
     except Exception as e:
         raise unpicklable(e, maker, init_fn) from e
 

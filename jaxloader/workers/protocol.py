@@ -221,6 +221,11 @@ def send(conn: Connection, message: Any) -> None:
         import cloudpickle  # a worker has it imported (its payload came by it)
 
         frame = cloudpickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
+    except MemoryError as e:  # (a bare MemoryError under ulimit -v: the containers audit)
+        from jaxloader.runtime.limits import memory_left
+
+        raise MemoryError(f"out of memory as a message to a worker was pickled "
+                          f"({type(message).__name__}): {memory_left()}") from e
     with pipe_errors_raised():
         conn.send_bytes(frame)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.workers import failures, stacks, stalls, status
+from jaxloader.workers import failures, protocol, stacks, stalls, status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -478,3 +478,35 @@ def test_no_writable_temporary_folder_for_the_stack_files_is_named(monkeypatch, 
     with pytest.raises(jl.JaxloaderError, match=r"stack files: no writable temporary folder "
                                                 r".*set TMPDIR to a writable folder"):
         stacks._stack_file(0, [])
+
+
+def test_an_address_space_limit_is_named_where_a_worker_aborts_or_the_payload_runs_out(
+        monkeypatch):
+    # under ulimit -v a worker's XLA aborted (SIGABRT: "check memory use and native code",
+    # the limit unsaid) and a MemoryError pickling the source was "make it picklable by
+    # cloudpickle" (the containers audit)
+    import resource
+
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (
+        (850 << 20,) * 2 if which == resource.RLIMIT_AS else real(which)))
+    board = status.StatusBoard(1)
+    try:
+        said = str(failures.died(0, 7, -signal.SIGABRT, board, str))
+        assert "killed by signal 6 (this process's address space is limited to 891,289,600 " \
+               "bytes (ulimit -v, RLIMIT_AS: raise it), which a worker's native code" in said
+        assert "ulimit -v" not in str(failures.died(0, 7, -signal.SIGKILL, board, str))
+    finally:
+        board.destroy()
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(failures.payload, "dumps", no_memory)
+    with pytest.raises(MemoryError, match=r"out of memory as the loader pickled .*limited to "
+                                          r"891,289,600 bytes .*num_workers=0"):
+        failures.pickled(None, None, lambda s: None, lambda *a: None)
+    monkeypatch.setattr(protocol.pickle, "dumps", no_memory)  # (the payload's message, sent)
+    with pytest.raises(MemoryError, match=r"out of memory as a message to a worker was pickled "
+                                          r"\(Stop\): .*limited to 891,289,600 bytes"):
+        protocol.send(None, protocol.Stop())
