@@ -105,6 +105,7 @@ class AutoTune:
         self._trial: tuple[int, float] | None = None  # (the count before, its rate)
         self._settling = True  # until a change (or the start) is in use: not judged
         self._said_memory = False  # that memory bounds the count (logged once)
+        self._by_shm = False  # /dev/shm's free space does, not the memory
         self._said_bound = False  # that no more workers are worth running (logged once)
 
     def capacity(self) -> int:
@@ -139,15 +140,40 @@ class AutoTune:
         each window, after the workers took some, let them grow to ~90% of it."""
         started = self.pool.pids
         each = max((_resident_bytes(p) for p in started[:active]), default=0)
-        if not each:
-            return MAX_WORKERS
-        bound = max(1, int(0.5 * (_available_bytes() + len(started) * each) // each))
-        if bound <= active and not self._said_memory:
+        bound = max(1, int(0.5 * (_available_bytes() + len(started) * each) // each)) if each \
+            else MAX_WORKERS
+        slots, in_shm = self._dev_shm_bound()
+        self._by_shm = slots < bound  # (which one the count is held by, said)
+        if min(bound, slots) <= active and not self._said_memory:
             self._said_memory = True
-            log.info("%s: autotune: memory holds the workers to %d (%.0f MiB resident each, "
-                     "half of what is free and theirs): none more is started (those running "
-                     "stay: parked, a worker keeps its memory)", self.label, bound, each / 2**20)
-        return bound
+            if slots < bound:
+                log.info("%s: autotune: /dev/shm holds the workers to %d (their batch slots, "
+                         "%.1f MiB each, in half of its free space and the loader's slots): "
+                         "none more is started; a container's --shm-size=1g lets more run",
+                         self.label, slots, in_shm / 2**20)
+            else:
+                log.info("%s: autotune: memory holds the workers to %d (%.0f MiB resident "
+                         "each, half of what is free and theirs): none more is started (those "
+                         "running stay: parked, a worker keeps its memory)", self.label, bound,
+                         each / 2**20)
+        return min(bound, slots)
+
+    def _dev_shm_bound(self) -> tuple[int, int]:
+        """Where the batch slots are POSIX shared memory (no memory files), the most workers
+        whose slots ahead fit in half of /dev/shm's free space and the loader's slots, and the
+        bytes of a worker's: autotune grew to 8 workers in a container's 64 MB, and the run
+        ended with a SharedMemoryError (the containers audit)."""
+        from jaxloader.runtime import shm
+
+        if shm.MEMFD_AVAILABLE:
+            return MAX_WORKERS, 0
+        each, held = self.pool.slot_room()
+        try:
+            st = os.statvfs("/dev/shm")
+        except OSError:
+            return MAX_WORKERS, each
+        return (max(1, int(0.5 * (st.f_bavail * st.f_frsize + held) // each)) if each else
+                MAX_WORKERS), each
 
     def restart(self) -> None:
         """A window starts afresh: the stats were reset, or a run starts after time away (an
@@ -205,7 +231,8 @@ class AutoTune:
             self._said_bound = True
             why = f"{self.cores} cores, their work {off_cpu:.0%} off the CPU"  # (what holds it)
             if memory == high < by_cores:
-                why = "memory: half of what is free and the workers' own"
+                why = ("/dev/shm: half of its free space for their batch slots" if self._by_shm
+                       else "memory: half of what is free and the workers' own")
             elif self.ceiling == high < min(self._by_cores(off_cpu), self.capacity()):
                 why = (f"more were tried and made batches no faster; tried again in "
                        f"{self._bounds_for} windows")

@@ -11,15 +11,13 @@
 
 ``N`` is the workers in use (``roster.py``; ``resize`` changes it between two blocks of tasks, a
 batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the
-samplers' memos, kept by class of step, are computed once, and a stream's reader for the step
-lives there (but for blocks new workers take alone: ``Roster.takers``). A task is several of a
-worker's steps (up to half a second of them), so that a small batch costs its share of a task's
-two messages; tasks go out a block at a time, one a worker, as many ahead as ``tasks.py`` says
-(a run's first block a step a task: its first batch comes at once). A slot goes back to the
-worker that wrote it (``SlotRing.take(worker)``), which keeps its mapping. A new ``batches()``
-run makes the old run's tasks stale (``StatusBoard.begin_run``): their workers skip the steps
-not yet made, the rest are dropped, and their slots come back, so a restore waits for one step
-at most; an older run another thread still drives ends at its next turn (``in_process.Runs``).
+samplers' memos, kept by class of step, are computed once, and a stream's reader for the step lives
+there (but for blocks new workers take alone: ``Roster.takers``). A task is several of a worker's
+steps (up to half a second of them), so that a small batch costs its share of a task's two
+messages; tasks go out a block at a time, one a worker, as many ahead as ``tasks.py`` says. A new
+``batches()`` run makes the old run's tasks stale (``StatusBoard.begin_run``): their workers skip
+the steps not yet made, the rest are dropped, and their slots come back, so a restore waits for one
+step at most; an older run another thread still drives ends at its next turn (``in_process.Runs``).
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
 worker, its pid, what it was doing (a dead one's last report first: why it ended) and the remedy
 (``failures.py``), and so does every later call. A late batch is said (``stalls.py``).
@@ -144,6 +142,10 @@ class WorkerPool:
     def prefetch(self, value: int) -> None:
         self._prefetch, self._shapes = value, {}
 
+    def slot_room(self) -> tuple[int, int]:  # bytes: a worker's slots ahead, the ring's now
+        steps, ahead, _ = self._task_shape(False)
+        return ahead * steps * self._ring.slot_size, self._ring.held_bytes
+
     @property
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers]
@@ -241,8 +243,7 @@ class WorkerPool:
     def _task_shape(self, streaming: bool) -> tuple[int, int, int]:
         """``tasks.task_shape`` for the slot size now, kept (asked every batch handed out)."""
         key = (self._ring.slot_size, streaming)
-        shape = self._shapes.get(key)
-        if shape is None:
+        if (shape := self._shapes.get(key)) is None:
             shape = self._shapes[key] = task_shape(*key, self._prefetch, self.roster.active,
                                                    self._timed, self._ring.budget)
         return shape

@@ -134,6 +134,10 @@ class SlotRing:
         return len(self._segments)
 
     @property
+    def held_bytes(self) -> int:
+        return sum(s.size for s in self._segments.values())
+
+    @property
     def slot_size(self) -> int:
         """The bytes new slots get: at least the largest batch seen lately (a page at least,
         25% more after a grow); 0 until a batch has been seen (grown into or handed out),

@@ -261,6 +261,33 @@ def windows(tune, pool, plan):
     return asked
 
 
+def test_the_tuner_grows_no_further_than_dev_shm_holds_the_slots_where_they_are_there(
+        monkeypatch, caplog):
+    # on the POSIX path (no memory files) in a container's 64 MB /dev/shm, autotune grew
+    # 1 -> 8 workers and the run ended with a SharedMemoryError mid-training (the containers
+    # audit); with memory files /dev/shm holds nothing of theirs
+    import logging
+    import types
+
+    from jaxloader.runtime import shm
+
+    pool = FakePool(capacity=16)
+    pool.slot_room = lambda: (6 << 20, 4 << 20)  # (a worker's slots ahead: 6 MiB; held: 4)
+    monkeypatch.setattr(monitor.os, "statvfs", lambda path: types.SimpleNamespace(
+        f_bavail=60 << 8, f_frsize=4096))  # (60 MiB free)
+    monkeypatch.setattr(shm, "MEMFD_AVAILABLE", False)
+    tune = monitor.AutoTune(pool, cores=8)
+    assert tune._memory_bound(1) == 5  # ((60 + 4) / 2 / 6)
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        asked = windows(tune, pool, [(100, 0.0, 1.0)] + [  # (each count paid: grown)
+            (rate, 0.9, 1.0) for rate in (100, 0, 190, 0, 380, 0, 700, 0, 700)])
+    assert asked == [1, 2, 2, 4, 4, 5, 5, 5, 5, 5], asked  # (not 8)
+    assert any("/dev/shm holds the workers to 5" in r.getMessage() for r in caplog.records)
+    assert not any("memory: half" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(shm, "MEMFD_AVAILABLE", True)
+    assert tune._memory_bound(1) == monitor.MAX_WORKERS
+
+
 def test_the_tuner_climbs_keeps_what_pays_goes_back_from_what_does_not_and_steps_down_idle():
     pool = FakePool()
     tune = monitor.AutoTune(pool, cores=4)
