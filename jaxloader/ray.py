@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 import time
 from collections import deque
 from typing import Any, Generator, NoReturn
@@ -45,8 +44,10 @@ from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor, actor_arguments, payload, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
-from jaxloader.ray_tasks import (RayStallWatch, TaskQueues, check_session, get, lost_errors,
-                                 session, step_failed, steps_text, task_failed, task_steps)
+from jaxloader.ray_tasks import (WAIT_SAID_S, RayStallWatch, TaskQueues, broken_closes,
+                                 check_session, get, lost_errors, session, start_failed,
+                                 step_failed, steps_text, task_failed, task_steps,
+                                 waiting_to_start)
 from jaxloader.workers.failures import closed, unpicklable
 from jaxloader.workers.stalls import StallWatch
 from jaxloader.workers.source_copies import Copies
@@ -136,7 +137,8 @@ class RayEngine:
             ray.init()  # RAY_ADDRESS's cluster, else a local one: what Ray itself does
         self._ray, self._spec, self._location, self._watch = ray, spec, maker.location, watch
         self._session = session(ray)  # (a run after ray.shutdown() is refused)
-        self.gauges = Gauges(spec.n)  # each actor's stage timings, sent with its tasks
+        self.gauges = Gauges(spec.n, counted=False)  # each actor's stage timings, sent with
+        # its tasks (not its time in use: an actor lost, or not placed yet, is out of use)
         # The maker once in the object store, its arrays as out-of-band buffers: every actor
         # on a node reads the same memory; the arrays it copies looked at as each run begins
         self.copies = Copies()
@@ -161,16 +163,13 @@ class RayEngine:
         self.tasks = TaskQueues(spec.n, ray)  # each actor's, in the order sent: timeout_s's count
         try:
             self._admit(spec.start_timeout_s, spec.min_actors)
-        except BaseException as e:
+        except BaseException as e:  # (a Ctrl-C as it waited: raised as it is)
+            error = start_failed(ray, spec, e, len(self._alive)) if isinstance(e, Exception) \
+                else None  # (said before close(): the free resources, the actors' not back)
             self.close()
-            if isinstance(e, ray.exceptions.GetTimeoutError):
-                raise WorkerError(
-                    f"{spec!r}: the actors did not start within {spec.start_timeout_s:.0f} s; "
-                    f"the cluster has {ray.available_resources()} free: ask for fewer actors "
-                    "or smaller ones (num_cpus=, resources=), or add nodes") from None
-            said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # (Ray's, in colour)
-            raise WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: "
-                              f"{said}") from e
+            if error is None:
+                raise
+            raise error from e
         log.info("started %d Ray actor(s): pids %s%s", len(self._alive), self.pids,
                  f"; {len(self._pending)} more as the cluster places them"
                  if self._pending else "")
@@ -199,14 +198,16 @@ class RayEngine:
         waits up to ``wait_s`` until ``at_least`` run in all: else the error of an actor that
         failed to start, or Ray's ``GetTimeoutError``. One that failed for good is dropped."""
         ray, failed = self._ray, None
-        deadline = time.monotonic() + wait_s
+        deadline, said = time.monotonic() + wait_s, False
         while self._pending:
             need = max(0, at_least - len(self._alive))
             if need > len(self._pending):
                 break
             refs = list(self._pending.values())
-            ready, _ = ray.wait(refs, num_returns=need or len(refs),
-                                timeout=max(0.0, deadline - time.monotonic()) if need else 0)
+            ready, _ = ray.wait(refs, num_returns=need or len(refs), timeout=min(
+                WAIT_SAID_S, max(0.0, deadline - time.monotonic())) if need else 0)
+            if need and len(ready) < need and not said:  # (a wait for free CPUs: said)
+                said = waiting_to_start(ray, self._spec, len(self._alive) + len(ready))
             for actor, ref in list(self._pending.items()):
                 if ref not in ready:
                     continue
@@ -252,9 +253,8 @@ class RayEngine:
         sends its tasks in flight to the others. A stream's run (``resets``: each actor's
         readers) is ``jaxloader.ray_streams``'."""
         self.copies.check()
-        if resets is not None:
-            return stream_batches(self, start, stop, resets, reports)
-        return self._batches(start, stop)
+        return broken_closes(self, stream_batches(self, start, stop, resets, reports)
+                             if resets is not None else self._batches(start, stop))
 
     def _batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
         lost_actor = lost_errors(self._ray)

@@ -22,12 +22,16 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Generator, Iterator
 
 from jaxloader.base.errors import WorkerError
 from jaxloader.workers.failures import raised
 from jaxloader.workers.stalls import StallWatch
+
+log = logging.getLogger("jaxloader")
 from jaxloader.workers.tasks import TASK_SECONDS  # (an actor's as a local worker's: Ray's
 # ~1 ms a call is under 0.2% of it)
 
@@ -213,3 +217,58 @@ def steps_text(first: int, count: int, stride: int = 1) -> str:
         return f"steps {first}..{last}"
     return (f"step {first}" if count == 1 else f"steps {first} and {last}" if count == 2 else
             f"steps {first}, {first + stride}, ..., {last}")
+
+
+WAIT_SAID_S = 10.0  # actors not all started after this long: the wait is said, once
+
+
+def waiting_to_start(ray: Any, spec: Any, running: int) -> bool:
+    """Says (a warning) that the loader waits for actors the cluster has not placed: a wait
+    for free CPUs went unsaid up to ``start_timeout_s`` (the Ray audit); True."""
+    log.warning("%r: %d of the %d actors it waits for run after %g s; it waits up to "
+                "start_timeout_s=%g s for the cluster to place the others (each asks %s; the "
+                "cluster has %s free of %s)", spec, running, spec.min_actors, WAIT_SAID_S,
+                spec.start_timeout_s, _asked(spec), *_held(ray, spec))
+    return True
+
+
+def start_failed(ray: Any, spec: Any, e: Exception, running: int) -> WorkerError:
+    """The error of actors that did not start (Ray's ``GetTimeoutError``: not placed within
+    ``start_timeout_s``; else the error of one that failed as it started)."""
+    if isinstance(e, ray.exceptions.GetTimeoutError):
+        return WorkerError(
+            f"{spec!r}: {running} of the {spec.min_actors} actors it waits for started within "
+            f"start_timeout_s={spec.start_timeout_s:g} s; each asks {_asked(spec)}, and the "
+            "cluster has %s free (the actors started hold theirs) of %s: ask for fewer actors "
+            "(min_actors= to start with fewer) or smaller ones (num_cpus=, resources=), or "
+            "add nodes" % _held(ray, spec))
+    said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # (Ray's, in colour)
+    return WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: {said}")
+
+
+def _asked(spec: Any) -> str:
+    """What one actor asks of a node: its CPUs, GPUs, memory and custom resources."""
+    options = spec.actor_options
+    asked = {k: options[k] for k in ("num_cpus", "num_gpus", "memory") if options.get(k)}
+    return str({**asked, **options.get("resources", {})})
+
+
+def _held(ray: Any, spec: Any) -> tuple[dict, dict]:
+    """The cluster's free and whole resources of the kinds an actor asks for (and CPUs)."""
+    asked = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+    kinds = {"CPU", *(asked[k] for k in asked if spec.actor_options.get(k)), *(
+        spec.actor_options.get("resources") or {})}
+    return tuple({k: v for k, v in sorted(r.items()) if k in kinds}  # type: ignore[return-value]
+                 for r in (ray.available_resources(), ray.cluster_resources()))
+
+
+def broken_closes(engine: Any, run: Iterator[Any]) -> Generator[Any, None, None]:
+    """``run``'s batches; a ``WorkerError`` that breaks the loader ends its actors first, as a
+    broken local pool stops its workers: they held the cluster's CPUs until ``close()`` (a
+    notebook's traceback keeps the loader), and the next loader could not start (the Ray
+    audit)."""
+    try:
+        yield from run
+    except WorkerError:
+        engine.close()
+        raise

@@ -284,8 +284,9 @@ class Gauges:
     each timed hand-out. ``trace``: the makers send their stages' spans (a profile's timeline).
     """
 
-    def __init__(self, makers: int) -> None:
+    def __init__(self, makers: int, counted: bool = True) -> None:
         self.makers = [StageTotals() for _ in range(makers)]
+        self.counted = counted  # (each maker's time in use: Ray's actors, lost and back, not)
         self.trace = False
         self.reset_at = 0.0  # (``time.monotonic``, one clock for every process on Linux)
         self._active, self._active_at = makers, time.monotonic()  # (makers in use, since)
@@ -318,8 +319,10 @@ class Gauges:
         self.in_use_s(0)  # (the time so far counted at the count before)
         self._active = active
 
-    def in_use_s(self, i: int) -> float:
-        """Seconds maker ``i`` has been in use since the counts began."""
+    def in_use_s(self, i: int) -> float | None:
+        """Seconds maker ``i`` has been in use since the counts began (None: not counted)."""
+        if not self.counted:
+            return None
         with self._using:
             now = time.monotonic()
             for totals in self.makers[:self._active]:
