@@ -899,6 +899,9 @@ def test_read_threads_are_advised_for_sources_read_record_by_record_and_counted_
                         workers=waiting, num_workers=2)
     d = diagnose(stats, num_workers=2, cores=2, read_threads=32)
     assert d.bottleneck == "source" and "reads wait" in d.advice[0], d
+    # each read waits as long as a batch's 16 records read on its threads at once, not 1/16
+    # of it (20 ms a read was said 1.3 ms; the diagnosis audit)
+    assert "reads wait ~37 ms a record" in d.advice[0], d.advice[0]  # (58 ms a batch, 63%)
     assert "read_threads=64" in d.advice[1], d
     assert "every core is in use" not in str(d), d
     assert not any("read_threads" in a for a in diagnose(stats, num_workers=2, cores=2,
@@ -990,6 +993,10 @@ def test_placement_that_costs_its_calls_is_not_told_to_lower_the_precision():
     assert "a lower precision (a Map to bfloat16/uint8)" in large, large
     slow = placement_advice(150.0, 1000, True, 100e6)  # (150 ms: a slow copy, not a call's)
     assert "a lower precision (a Map to bfloat16/uint8)" in slow, slow
+    # 300 leaves of 1 KB to 8 devices, 40 ms a batch: float16 made it no faster, 10 leaves of
+    # the same bytes took 1.9 ms (the diagnosis audit: only under 1 ms was it the calls)
+    many = placement_advice(40.0, 1000, True, 307_000)
+    assert "the cost of its calls, not its bytes" in many and "bfloat16" not in many, many
 
 
 def test_a_step_that_waits_for_an_accelerator_holds_no_core_in_the_verdict():
@@ -1222,3 +1229,32 @@ def test_stats_since_something_other_than_stats_is_refused_naming_what_it_takes(
         with pytest.raises(jl.ConfigError, match=r"LoaderStats.since\(earlier\): expected the "
                                                  r"LoaderStats read earlier from loader.stats"):
             stats.since(other)
+
+
+def test_the_table_and_the_advice_give_a_stage_the_same_share():
+    # the table counted a worker's slot wait in its total, the advice not: "BatchMap(bm) 97%"
+    # in the table, "takes 98%" in the advice (the diagnosis audit)
+    from jaxloader.base.stats import WorkerStats
+
+    worker = WorkerStats(0, 1, 100, 1600, 1 << 20, busy_s=3.0, cpu_s=3.0,
+                         stages={"Map(f)": 2.45, "collate": 0.05, "slot wait": 0.5})
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={**worker.stages, "consumer wait": 2.5,
+                                              "step": 0.5}, workers=(worker,), num_workers=1)
+    d = diagnose(stats, num_workers=1, cores=1)
+    assert any("Map(f) takes 98%" in a for a in d.advice), d.advice
+    rows = {line.split()[0]: line.split()[-1] for line in str(d).splitlines()[2:5]}
+    assert rows == {"Map(f)": "98%", "slot": "(wait)", "collate": "2%"}, str(d)
+
+
+def test_batches_made_here_in_more_time_than_the_loop_waits_are_not_told_workers_would_not_help():
+    # 128 MiB batches placed on 8 devices, in process: collated into new memory each batch
+    # (250 ms; 66 in a worker's reused slot) beside the loop, which waited 184 ms: "workers
+    # would not make them much sooner", where one worker was 2.8x faster (the diagnosis audit)
+    big = LoaderStats(batches=21, wait_s=3.68, run_s=0.2, wall_s=3.9, batches_made=22,
+                      records=21 * 64, first_batch_s=0.02, stages={
+                          "read": 0.3, "collate": 5.5, "placement": 3.2, "consumer wait": 3.68,
+                          "step": 0.2})
+    d = diagnose(big, num_workers=0, cores=2, placed_in_thread=False)
+    assert d.bottleneck == "main" and "would not" not in d.advice[0], d
+    assert "num_workers=1 makes them in a worker process" in d.advice[0], d

@@ -102,7 +102,8 @@ class Diagnosis(NamedTuple):
     def __str__(self) -> str:
         made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES and not once(k)}
         main = {k: v for k, v in self.stages.items() if k in _MAIN_STAGES}
-        total = sum(made.values()) or 1.0
+        total = sum(v for k, v in made.items() if k != SLOT_WAIT) or 1.0  # (the makers' own
+        # work, as the advice's shares: a slot wait is the training process's)
         workers = "worker" if self.num_workers == 1 else "workers"
         lines = [f"input bottleneck: {self.bottleneck} (the consumer waited "
                  f"{self.wait_fraction:.0%} of its time after the first batch; "
@@ -110,8 +111,9 @@ class Diagnosis(NamedTuple):
                  f"  {'stage':<24} {'seconds':>8} {'ms a batch':>11} {'share':>6}"]
         per, per_made = max(1, self.batches), max(1, self.batches_made or self.batches)
         for name, seconds in sorted(made.items(), key=lambda kv: -kv[1]):
+            share = f"{seconds / total:6.0%}" if name != SLOT_WAIT else f"{'(wait)':>6}"
             lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per_made:11.1f} "
-                         f"{seconds / total:6.0%}")
+                         f"{share}")
         for name, seconds in main.items():
             lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
                          f"{'(main)':>6}")
@@ -278,10 +280,18 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                     advice.insert(1, "or, where the source's reads wait (files, the network), "
                                      "read_threads=16: this process reads a batch's records "
                                      "on 16 threads, the waits overlapped")
-            else:  # (one worker, or a batch cheaper to make than to hand over from workers)
+            elif work_s < 2 * HANDOVER_FLOOR_S:  # (cheaper to make than to hand over)
                 advice.insert(0, f"batches are made in the training process (num_workers=0), "
                                  f"{1e3 * now_s:.2f} ms a batch: workers would not make them "
                                  "much sooner; larger batches, or less work a record")
+            else:  # (made here in more time than the loop waits: beside it, on a thread, or
+                # into new memory each batch, where a worker's slot is reused; 128 MiB batches
+                # took 250 ms to collate here, 66 in a worker: "would not" was said of 2.8x)
+                advice.insert(0, f"batches are made in the training process (num_workers=0), "
+                                 f"{1e3 * work_s:.1f} ms of its time a batch: num_workers="
+                                 f"{max(1, workers)} makes them in a worker process (into shared "
+                                 "memory reused batch after batch), beside the training step; "
+                                 "measure it (jl.profile(loader))")
         else:
             advice.insert(0, placement_advice(place, per, placed_in_thread, batch_bytes))
     elif waited / per < 2 * HANDOVER_FLOOR_S and work_s < 2 * HANDOVER_FLOOR_S and \
@@ -298,7 +308,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         more = fit(wanted)
         readers = counts is not None and not remote and more <= num_workers < wanted
         if off_cpu >= WAITS and stats.records and (more > num_workers or readers):
-            waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) / stats.records
+            overlap = min(read_threads or 1, stats.records / max(1, stats.batches_made)) if \
+                bottleneck == "source" else 1  # (a batch's records read on its threads at
+            # once, each read waits that long: 1.3 ms was said of 20; the diagnosis audit)
+            waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) * overlap / stats.records
             what = "reads wait" if bottleneck == "source" else \
                 "the transforms wait (files, the network, sleeps, locks)"
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
