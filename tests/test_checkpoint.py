@@ -418,3 +418,33 @@ def test_a_steps_folder_given_for_its_loader_items_is_told_the_items_folder(tmp_
     with pytest.raises(jl.StateDictError, match=r"a checkpoint step's folder: pass its item's, "
                                                 r".*/loader\)"):
         read_state(tmp_path, make(batch_size=4))
+
+
+def test_loaders_of_each_hosts_own_keep_a_state_file_each(tmp_path, monkeypatch):
+    # process_count=1 on each of 2 hosts (each host's own data, as the docs advise for it): both
+    # wrote process_0-of-1.json, and host 0 restored host 1's position, records skipped without
+    # a word (the multi-host audit)
+    import jax
+
+    from jaxloader.loaders.state_files import read_state, write_state
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    states = {}
+    for host, data in ((0, np.arange(10)), (1, np.arange(100, 140))):
+        monkeypatch.setattr(jax, "process_index", lambda host=host: host)
+        loader = jl.DataLoader(jl.ArraySource({"x": data}), batch_size=2, shuffle=False,
+                               process_index=0, process_count=1)
+        for _, _batch in zip(range(host + 1), loader):
+            pass
+        write_state(tmp_path, loader)
+        states[host] = (loader, loader.state_dict())
+    assert sorted(os.listdir(tmp_path)) == ["process_0-of-1.host0-of-2.json",
+                                            "process_0-of-1.host1-of-2.json"]
+    for host, (loader, state) in states.items():
+        monkeypatch.setattr(jax, "process_index", lambda host=host: host)
+        assert read_state(tmp_path, loader) == state
+        loader.close()
+    monkeypatch.setattr(jax, "process_count", lambda: 3)  # (another host count: refused)
+    with pytest.raises(jl.StateDictError, match=r"loaders of their own on each of 2 JAX "
+                                                r"processes .*restore on as many processes"):
+        read_state(tmp_path, states[0][0])

@@ -5,6 +5,9 @@
     <checkpoint>/<item>/process_{i}-of-{n}.json    the state_dict() of process i of n
     a restore reads its own process's file, or any when the process count changed (every
     process of a step holds the same global position; load_state_dict checks the rest)
+    <checkpoint>/<item>/process_{i}-of-{n}.host{j}-of-{m}.json    that of JAX process j of m,
+    where each runs loaders of its own over its own data (n < m: ``process_count=1`` on
+    each host): their states differ, each restored on its own host
 
 Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` folders work the same. Orbax's
 classic API saves and restores through ``jaxloader.checkpoint``'s handler; its newer one
@@ -28,6 +31,7 @@ import errno
 import json
 import os
 import re
+import sys
 import warnings
 from typing import Any, Awaitable
 
@@ -36,6 +40,7 @@ from etils import epath
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 
 _FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+_HOST = re.compile(r"process_\d+-of-\d+\.host(\d+)-of-(\d+)\.json$")
 PathLike = str | os.PathLike  # epath.Path included
 
 
@@ -54,9 +59,15 @@ def check_loader(loader: Any, what: str, method: str = "state_dict") -> None:
 
 
 def state_filename(loader: Any) -> str:
-    """``process_{i}-of-{n}.json`` for this loader's process index and count."""
+    """``process_{i}-of-{n}.json`` for this loader's process index and count; with
+    ``.host{j}-of-{m}`` before ``.json`` where JAX has more processes than the loader (each
+    host's loader over its own data: one file for all, the last writer's state was restored on
+    every host, some records skipped without a word; the multi-host audit)."""
     check_loader(loader, "checkpoint.state_filename(loader)")
-    return f"process_{loader.process_index}-of-{loader.process_count}.json"
+    jax, host = sys.modules.get("jax"), ""
+    if jax is not None and (hosts := jax.process_count()) > loader.process_count:
+        host = f".host{jax.process_index()}-of-{hosts}"
+    return f"process_{loader.process_index}-of-{loader.process_count}{host}.json"
 
 
 def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:
@@ -129,6 +140,12 @@ def read_state(directory: PathLike, loader: Any) -> dict:
     _one_run(root, files)
     if own.exists():
         path = own
+    elif hosts := sorted({int(m.group(2)) for f in present if (m := _HOST.match(f))}):
+        raise StateDictError(
+            f"checkpoint {root}: holds the states of loaders of their own on each of {hosts[0]}"
+            f" JAX processes ({[f for f in present if _HOST.match(f)][:4]}), each over its own "
+            f"data, and none for this one ({own.name}): restore on as many processes as saved "
+            "it, each host's loader made as it was")
     else:
         if not files:
             found = present if root.is_dir() else (  # (a state file itself: its folder)
