@@ -110,6 +110,7 @@ def published(loader: StreamLoader) -> tuple[HostsCheck | None, PassVotes | None
     hosts = loader._pairing.publish(
         {**config, **described, **loader._stream.extra_state(),
          "step": loader._progress.step, "num_epochs": loader.num_epochs,
+         **({} if loader.num_epochs is None else {"mask_key": loader._options.mask_key}),
          "transforms": compared_transforms(loader._named()),
          **exact_settings(compared_transforms(loader._named())),
          "generators": codes_of(loader._stream.shards),

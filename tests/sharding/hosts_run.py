@@ -62,6 +62,7 @@ restored = loader()
 if other:  # (a state by hand: a loader iterated on this host alone would be out of step)
     restored.load_state_dict({**restored.state_dict(), "step": 2})
 run("step", restored)
+run("mask_key", loader(last_batch="pad", mask_key="valid" if other else "mask"))
 if other:
     time.sleep(1.5)  # host 0's first next() waits for this host's settings
 run("late", loader(), steps=8)

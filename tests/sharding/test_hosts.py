@@ -23,7 +23,8 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     for host in lines:
         for case in ("alike", "late", "stream", "profiled", "profiled_pass"):
             assert host[case].startswith("ok "), (case, host[case])
-        for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs", "files",
+        for case in ("seed", "batch_size", "step", "mask_key", "stream_seed", "stream_epochs",
+                     "files",
                      "stream_shuffle", "index", "stream_index", "stream_epochs_restored"):
             assert host[case].startswith("refused: "), (case, host[case])
     # each host names the other's value first (host 0 sees host 1's 4; host 1 its own 4)
@@ -32,6 +33,8 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     assert "batch_size: process 1 has 8, this process (0) 4" in lines[0]["batch_size"]
     assert "global_batch_size: process 1 has 16, this process (0) 8" in lines[0]["batch_size"]
     assert "step: process 0 has 0, this process (1) 2" in lines[1]["step"]
+    # (the batches' trees differed: both hung in the first step's collective; the audit)
+    assert "mask_key: process 1 has 'valid', this process (0) 'mask'" in lines[0]["mask_key"]
     assert "seed: process 1 has 5, this process (0) 0" in lines[0]["stream_seed"]
     assert "same source, seed, batch_size" in lines[0]["seed"]
     for host in lines:  # (both given process_index=0: read the same rows, without a word)
@@ -61,7 +64,7 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
         "loader's 1st iter()) within 0.5 s" in logged[0], logged
 
 
-CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "files", "index",
+CASES = {"alike", "seed", "batch_size", "step", "mask_key", "late", "data", "data_warned", "files", "index",
          "stream_index", "stream_epochs_restored", "stream",
          "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "profiled_pass",
          "missing"}
