@@ -64,10 +64,9 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
         "loader's 1st iter()) within 0.5 s" in logged[0], logged
 
 
-CASES = {"alike", "seed", "batch_size", "step", "mask_key", "late", "data", "data_warned", "files", "index",
-         "stream_index", "stream_epochs_restored", "stream",
-         "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "profiled_pass",
-         "missing"}
+CASES = {"alike", "seed", "batch_size", "step", "mask_key", "late", "data", "data_warned",
+         "files", "index", "stream_index", "stream_epochs_restored", "stream", "stream_seed",
+         "stream_epochs", "stream_shuffle", "profiled", "profiled_pass", "missing"}
 
 
 def test_a_host_alike_with_process_0_is_told_when_process_0_refused_a_third():
