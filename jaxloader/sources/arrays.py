@@ -155,8 +155,10 @@ class ArraySource:
     def arrays(self) -> list[np.ndarray]:
         """The leaves, in treedef order (what a batch is gathered from: a memory-mapped file
         changed in place since is refused here)."""
-        self._mapped.watch()  # (a stat a file each batch: a file cut since, read, ends the
-        return self._arrays  # process by SIGBUS, with no word)
+        self._mapped.watch(soon=True)  # (a file cut since, read, ends the process by SIGBUS,
+        # with no word: a loader's batch maker stats each file before each batch, and read
+        # apart from it, at most every 10 ms: a second stat a batch cost small batches 10%)
+        return self._arrays
 
     def __len__(self) -> int:
         return self._len
