@@ -22,7 +22,8 @@ Each process writes its own ``process_{i}-of-{n}.json`` (the loader's ``state_di
 restore reads this process's file when the process count is the same, and otherwise any file
 of the checkpoint: every process of one step holds the same global position, and
 ``load_state_dict`` checks that the global batch, data, seed and policy still fit, listing what
-differs when they do not.
+differs when they do not. A loader of one process on each of several JAX processes (each
+host's own data) writes ``process_0-of-1.host{j}-of-{m}.json`` and restores its own.
 """
 
 from __future__ import annotations

@@ -428,7 +428,10 @@ def test_loaders_of_each_hosts_own_keep_a_state_file_each(tmp_path, monkeypatch)
 
     from jaxloader.loaders.state_files import read_state, write_state
 
+    from jaxloader.loaders import state_files
+
     monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(state_files, "jax_started", lambda: True)
     states = {}
     for host, data in ((0, np.arange(10)), (1, np.arange(100, 140))):
         monkeypatch.setattr(jax, "process_index", lambda host=host: host)
@@ -443,8 +446,31 @@ def test_loaders_of_each_hosts_own_keep_a_state_file_each(tmp_path, monkeypatch)
     for host, (loader, state) in states.items():
         monkeypatch.setattr(jax, "process_index", lambda host=host: host)
         assert read_state(tmp_path, loader) == state
-        loader.close()
+    later = states[1][0]  # (a run on 3 hosts saving there later: the 2 hosts' files go)
+    next(iter(later))
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    write_state(tmp_path, later)
+    assert sorted(os.listdir(tmp_path)) == ["process_0-of-1.host1-of-3.json"]
+    (tmp_path / "process_0-of-1.host0-of-2.json").write_text(json.dumps(states[0][1]))
+    with pytest.raises(jl.StateDictError, match=r"runs on 2 process counts"):  # (at another
+        read_state(tmp_path, later)  # step: which run to continue is not known)
+    for name in os.listdir(tmp_path):
+        os.remove(tmp_path / name)
+    for host, (loader, state) in states.items():
+        monkeypatch.setattr(jax, "process_index", lambda host=host: host)
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+        write_state(tmp_path, loader, state)
     monkeypatch.setattr(jax, "process_count", lambda: 3)  # (another host count: refused)
     with pytest.raises(jl.StateDictError, match=r"loaders of their own on each of 2 JAX "
                                                 r"processes .*restore on as many processes"):
         read_state(tmp_path, states[0][0])
+    # a loader of several processes keeps the one file of its process (elastic across counts:
+    # the suffix refused a restore of 2 processes' on 4, the review), and JAX not started is
+    # not asked (its runtime started, jax.distributed.initialize() failed after a save)
+    shared = jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=2, shuffle=False,
+                           process_index=1, process_count=2)
+    assert state_files.state_filename(shared) == "process_1-of-2.json"
+    monkeypatch.setattr(state_files, "jax_started", lambda: False)
+    assert state_files.state_filename(states[0][0]) == "process_0-of-1.json"
+    for loader in (shared, states[0][0], states[1][0]):
+        loader.close()

@@ -293,7 +293,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             {**make_state(self._sampler, start, self._source_fingerprint(), named),
              "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
                                               else {}), **exact_settings(named),
-             **({} if self._options.unmasked else {"mask_key": self._options.mask_key}),
+             **({"mask_key": self._options.mask_key} if self._sampler.last_batch == "pad"
+                else {}),
              **({"meshes": put.meshes()} if put is not None else {})},
             self.process_count, index=self.process_index)
         active = LoaderIterator(

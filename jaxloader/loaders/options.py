@@ -153,7 +153,7 @@ def placement(batch_size: Int, process_index: Int | None,
         process_count = check_int("process_count", process_count, low=1,
                                   remedy="leave it None to use jax's")
     if process_index is None or process_count is None:
-        if process_index is None and process_count is None and not _jax_started():
+        if process_index is None and process_count is None and not jax_started():
             index, count = 0, 1  # see jax_pending: one process, checked again by iter()
         else:  # one given (a multi-process run), or JAX in use: JAX says the other
             import jax  # (workers never get here)
@@ -186,12 +186,12 @@ def jax_pending(process_index: Int | None, process_count: Int | None) -> tuple[b
     (``start_method="fork"``) or initialise ``jax.distributed``.
     ``check_jax_placement`` asks JAX at ``iter()`` (and ``peek()``, ``state_dict()``,
     ``load_state_dict()``), once it is imported."""
-    if _jax_started() or process_index is not None or process_count is not None:
+    if jax_started() or process_index is not None or process_count is not None:
         return False, False
     return True, True
 
 
-def _jax_started() -> bool:
+def jax_started() -> bool:
     """Whether JAX is imported and its runtime started, or ``jax.distributed`` initialised:
     then JAX knows the process's place. Asking it earlier starts the runtime, after which
     ``jax.distributed.initialize()`` fails (JAX imported only: not asked)."""

@@ -5,9 +5,9 @@
     <checkpoint>/<item>/process_{i}-of-{n}.json    the state_dict() of process i of n
     a restore reads its own process's file, or any when the process count changed (every
     process of a step holds the same global position; load_state_dict checks the rest)
-    <checkpoint>/<item>/process_{i}-of-{n}.host{j}-of-{m}.json    that of JAX process j of m,
-    where each runs loaders of its own over its own data (n < m: ``process_count=1`` on
-    each host): their states differ, each restored on its own host
+    <checkpoint>/<item>/process_0-of-1.host{j}-of-{m}.json    that of JAX process j of m,
+    where each runs loaders of its own over its own data (``process_count=1`` on each of
+    several hosts): their states differ, each restored on its own host
 
 Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` folders work the same. Orbax's
 classic API saves and restores through ``jaxloader.checkpoint``'s handler; its newer one
@@ -31,16 +31,16 @@ import errno
 import json
 import os
 import re
-import sys
 import warnings
 from typing import Any, Awaitable
 
 from etils import epath
 
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
+from jaxloader.loaders.options import jax_started
 
-_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
-_HOST = re.compile(r"process_\d+-of-\d+\.host(\d+)-of-(\d+)\.json$")
+_FILE = re.compile(r"process_\d+-of-(\d+)\.json$")
+_HOST = re.compile(r"process_\d+-of-(\d+)\.host\d+-of-(\d+)\.json$")
 PathLike = str | os.PathLike  # epath.Path included
 
 
@@ -60,13 +60,16 @@ def check_loader(loader: Any, what: str, method: str = "state_dict") -> None:
 
 def state_filename(loader: Any) -> str:
     """``process_{i}-of-{n}.json`` for this loader's process index and count; with
-    ``.host{j}-of-{m}`` before ``.json`` where JAX has more processes than the loader (each
-    host's loader over its own data: one file for all, the last writer's state was restored on
-    every host, some records skipped without a word; the multi-host audit)."""
+    ``.host{j}-of-{m}`` before ``.json`` where a loader of one process runs on each of several
+    JAX processes (each host's over its own data: one file for all, the last writer's state
+    was restored on every host, some records skipped without a word; the multi-host audit)."""
     check_loader(loader, "checkpoint.state_filename(loader)")
-    jax, host = sys.modules.get("jax"), ""
-    if jax is not None and (hosts := jax.process_count()) > loader.process_count:
-        host = f".host{jax.process_index()}-of-{hosts}"
+    host = ""
+    if loader.process_count == 1 and jax_started():  # (JAX not asked before it runs: its
+        import jax  # runtime started, jax.distributed.initialize() would fail; the review)
+
+        if (hosts := jax.process_count()) > 1:
+            host = f".host{jax.process_index()}-of-{hosts}"
     return f"process_{loader.process_index}-of-{loader.process_count}{host}.json"
 
 
@@ -98,9 +101,16 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
         raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
                       f"({e.strerror or e}); {remedy}", str(path)) from e
     for other in path.parent.iterdir():  # a run's on another process count, at a step before
-        found = _FILE.match(other.name)  # this one's: its past (a folder reused)
-        if found and int(found.group(2)) != loader.process_count:
+        layout = _layout(other.name)  # this one's: its past (a folder reused)
+        if layout is not None and layout != _layout(path.name):
             _remove_past(other, state.get("step"))
+
+
+def _layout(name: str) -> tuple[int, ...] | None:
+    """A state file's run: ``(n,)`` for ``process_{i}-of-{n}.json``, ``(1, m)`` for a host's
+    own loader's of ``m`` hosts; None for another file."""
+    found = _FILE.match(name) or _HOST.match(name)
+    return None if found is None else tuple(map(int, found.groups()))
 
 
 def _remove_past(other: Any, step: Any) -> None:
@@ -137,7 +147,7 @@ def read_state(directory: PathLike, loader: Any) -> dict:
     own = root / state_filename(loader)
     present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
     files = [f for f in present if _FILE.match(f)]
-    _one_run(root, files)
+    _one_run(root, [f for f in present if _layout(f) is not None])
     if own.exists():
         path = own
     elif hosts := sorted({int(m.group(2)) for f in present if (m := _HOST.match(f))}):
@@ -152,7 +162,7 @@ def read_state(directory: PathLike, loader: Any) -> dict:
                 f"a file, not a directory (pass its folder, {root.parent})" if root.exists()
                 else "no such directory")
             items = [name for name in present if (root / name).is_dir() and any(
-                _FILE.match(p.name) for p in (root / name).iterdir())]
+                _layout(p.name) for p in (root / name).iterdir())]
             if items:  # (a step's folder: its item's)
                 found = f"{found} (a checkpoint step's folder: pass its item's, {root / items[0]})"
             raise StateDictError(
@@ -177,16 +187,16 @@ def _one_run(root: Any, files: list[str]) -> None:
     runs on other counts wrote into one folder (``write_state`` to a folder reused, before it
     removed the past ones, or two runs at once), and a process would read its own count's,
     maybe the oldest, without a word. At one step they are one position: any restores it."""
-    counts: dict[int, str] = {}
+    counts: dict[tuple, str] = {}
     for name in files:
-        counts.setdefault(int(_FILE.match(name).group(2)), name)  # type: ignore[union-attr]
+        counts.setdefault(_layout(name) or (), name)
     if len(counts) < 2:
         return
     said, steps = [], set()
     for count, name in sorted(counts.items()):
         then = _saved_step(root / name)
         step = "not read" if then is None else f"step {then}"
-        said.append(f"{count} process(es), {name}: {step}")
+        said.append(f"{count[-1] if count else '?'} process(es), {name}: {step}")
         steps.add(step)
     if len(steps) == 1 and "not read" not in steps:  # (one position: any of them restores it)
         return

@@ -63,6 +63,7 @@ if other:  # (a state by hand: a loader iterated on this host alone would be out
     restored.load_state_dict({**restored.state_dict(), "step": 2})
 run("step", restored)
 run("mask_key", loader(last_batch="pad", mask_key="valid" if other else "mask"))
+run("mask_key_unused", loader(mask_key="valid" if other else "mask"))  # (no mask: warned)
 if other:
     time.sleep(1.5)  # host 0's first next() waits for this host's settings
 run("late", loader(), steps=8)

@@ -21,7 +21,7 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     lines = [dict(line.split(" ", 1) for line in out.splitlines()
                   if line.split(" ")[0] in CASES) for out in outs]
     for host in lines:
-        for case in ("alike", "late", "stream", "profiled", "profiled_pass"):
+        for case in ("alike", "late", "stream", "profiled", "profiled_pass", "mask_key_unused"):
             assert host[case].startswith("ok "), (case, host[case])
         for case in ("seed", "batch_size", "step", "mask_key", "stream_seed", "stream_epochs",
                      "files",
@@ -64,9 +64,9 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
         "loader's 1st iter()) within 0.5 s" in logged[0], logged
 
 
-CASES = {"alike", "seed", "batch_size", "step", "mask_key", "late", "data", "data_warned",
-         "files", "index", "stream_index", "stream_epochs_restored", "stream", "stream_seed",
-         "stream_epochs", "stream_shuffle", "profiled", "profiled_pass", "missing"}
+CASES = {"alike", "seed", "batch_size", "step", "mask_key", "mask_key_unused", "late", "data",
+         "data_warned", "files", "index", "stream_index", "stream_epochs_restored", "stream",
+         "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "profiled_pass", "missing"}
 
 
 def test_a_host_alike_with_process_0_is_told_when_process_0_refused_a_third():
