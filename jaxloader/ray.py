@@ -206,8 +206,9 @@ class RayEngine:
             refs = list(self._pending.values())
             ready, _ = ray.wait(refs, num_returns=need or len(refs), timeout=min(
                 WAIT_SAID_S, max(0.0, deadline - time.monotonic())) if need else 0)
-            if need and len(ready) < need and not said:  # (a wait for free CPUs: said)
-                said = waiting_to_start(ray, self._spec, len(self._alive) + len(ready))
+            if need and len(ready) < need and not said and time.monotonic() < deadline:
+                said = waiting_to_start(ray, self._spec, len(self._alive) + len(ready),
+                                        at_least, wait_s - (deadline - time.monotonic()))
             for actor, ref in list(self._pending.items()):
                 if ref not in ready:
                     continue

@@ -30,10 +30,10 @@ from typing import Any, Callable, Generator, Iterator
 from jaxloader.base.errors import WorkerError
 from jaxloader.workers.failures import raised
 from jaxloader.workers.stalls import StallWatch
-
-log = logging.getLogger("jaxloader")
 from jaxloader.workers.tasks import TASK_SECONDS  # (an actor's as a local worker's: Ray's
 # ~1 ms a call is under 0.2% of it)
+
+log = logging.getLogger("jaxloader")
 
 
 class TaskQueues:
@@ -222,12 +222,12 @@ def steps_text(first: int, count: int, stride: int = 1) -> str:
 WAIT_SAID_S = 10.0  # actors not all started after this long: the wait is said, once
 
 
-def waiting_to_start(ray: Any, spec: Any, running: int) -> bool:
+def waiting_to_start(ray: Any, spec: Any, running: int, wanted: int, waited_s: float) -> bool:
     """Says (a warning) that the loader waits for actors the cluster has not placed: a wait
     for free CPUs went unsaid up to ``start_timeout_s`` (the Ray audit); True."""
-    log.warning("%r: %d of the %d actors it waits for run after %g s; it waits up to "
-                "start_timeout_s=%g s for the cluster to place the others (each asks %s; the "
-                "cluster has %s free of %s)", spec, running, spec.min_actors, WAIT_SAID_S,
+    log.warning("%r: %d of the %d actors it waits for run after %.0f s; it waits up to "
+                "start_timeout_s=%g s in all for the cluster to place the others (each asks "
+                "%s; the cluster has %s free of %s)", spec, running, wanted, waited_s,
                 spec.start_timeout_s, _asked(spec), *_held(ray, spec))
     return True
 
@@ -250,7 +250,7 @@ def _asked(spec: Any) -> str:
     """What one actor asks of a node: its CPUs, GPUs, memory and custom resources."""
     options = spec.actor_options
     asked = {k: options[k] for k in ("num_cpus", "num_gpus", "memory") if options.get(k)}
-    return str({**asked, **options.get("resources", {})})
+    return str({**asked, **(options.get("resources") or {})})
 
 
 def _held(ray: Any, spec: Any) -> tuple[dict, dict]:

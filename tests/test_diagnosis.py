@@ -997,6 +997,7 @@ def test_placement_that_costs_its_calls_is_not_told_to_lower_the_precision():
     # the same bytes took 1.9 ms (the diagnosis audit: only under 1 ms was it the calls)
     many = placement_advice(40.0, 1000, True, 307_000)
     assert "the cost of its calls, not its bytes" in many and "bfloat16" not in many, many
+    assert "a lower precision (a Map" in placement_advice(150.0, 1000, True, 12e6)  # (as 100 MB)
 
 
 def test_a_step_that_waits_for_an_accelerator_holds_no_core_in_the_verdict():
@@ -1258,3 +1259,10 @@ def test_batches_made_here_in_more_time_than_the_loop_waits_are_not_told_workers
     d = diagnose(big, num_workers=0, cores=2, placed_in_thread=False)
     assert d.bottleneck == "main" and "would not" not in d.advice[0], d
     assert "num_workers=1 makes them in a worker process" in d.advice[0], d
+    # ... but made in the loop's own time (5 ms a batch, all of it in next(), one core): one
+    # worker would make them no sooner, as factor() says (the review)
+    inline = LoaderStats(batches=100, wait_s=0.5, run_s=0.005, wall_s=0.505, batches_made=100,
+                         records=800, stages={"read": 0.4, "collate": 0.1,
+                                              "consumer wait": 0.5, "step": 0.005})
+    d = diagnose(inline, num_workers=0, cores=1)
+    assert "workers would not make them much sooner" in d.advice[0], d

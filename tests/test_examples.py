@@ -98,7 +98,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
         time.sleep(0.01)
     stop = signal.SIGINT if run == "digits" else signal.SIGKILL  # (README's main job: a
     proc.send_signal(stop)  # Ctrl-C, as its docs say to stop it; others killed outright)
-    _, err = proc.communicate()
+    _, err = proc.communicate(timeout=120)
     assert "cannot schedule new futures" not in err, err[-3000:]  # (a Ctrl-C as Orbax
     # committed a checkpoint in its thread lost it, an error printed: 3 of 5 Ctrl-Cs)
     killed_at = _losses(cut / "losses.jsonl")[-1]["step"]

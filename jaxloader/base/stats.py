@@ -144,7 +144,8 @@ class LoaderStats(NamedTuple):
     @property
     def busy(self) -> tuple[float, ...]:
         """Each worker's busy fraction (0 to 1) of the time after the first batch (the first
-        batch's wait is mostly the workers' start)."""
+        batch's wait is mostly the workers' start), or of its own time in use where shorter
+        (``WorkerStats.in_use_s``: one autotune started late)."""
         steady = self.wall_s - self.first_batch_s
         if self.batches < 2 or steady <= 0:
             steady = self.wall_s

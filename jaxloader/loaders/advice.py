@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 PER_CALL_RATE = 1e9  # bytes/s under which placement costs its calls, not its bytes,
-CALLS_BYTES = 16 << 20  # in batches up to this size (a larger one's copy may be that slow)
+CALLS_BYTES = 1 << 20  # in batches up to this size, or a batch's in under 1 ms
 
 
 def mapped_functions(source: Any) -> list[str]:
@@ -34,8 +34,9 @@ def placement_advice(place: float, batches: int, in_thread: bool, nbytes: float)
              "on an accelerator a larger device_prefetch= (several devices' copies are "
              "dispatched ahead from the training thread, and overlap the steps)")
     each = place / max(1, batches)
-    if nbytes < PER_CALL_RATE * each and nbytes < CALLS_BYTES:  # (below a copy's GB/s, and
-        # small: 300 leaves of 1 KB to 8 devices took 40 ms, told "a lower precision")
+    if nbytes < PER_CALL_RATE * each and (each < 1e-3 or nbytes < CALLS_BYTES):  # (below a
+        # copy's GB/s, and small: 300 leaves of 1 KB to 8 devices took 40 ms, told "a lower
+        # precision"; a 12 MB batch as slow may be its bytes, as a 100 MB one's: the review)
         return (f"device placement takes {1e3 * each:.1f} ms a batch in the training process, "
                 f"for {nbytes / 1e3:,.0f} KB a batch: the cost of its calls, not its bytes "
                 f"(fewer leaves, or larger batches, carry it; a lower precision would not), or "

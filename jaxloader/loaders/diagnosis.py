@@ -280,7 +280,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                     advice.insert(1, "or, where the source's reads wait (files, the network), "
                                      "read_threads=16: this process reads a batch's records "
                                      "on 16 threads, the waits overlapped")
-            elif work_s < 2 * HANDOVER_FLOOR_S:  # (cheaper to make than to hand over)
+            elif work_s < 2 * HANDOVER_FLOOR_S or work_s <= now_s:  # (made in the loop's time)
                 advice.insert(0, f"batches are made in the training process (num_workers=0), "
                                  f"{1e3 * now_s:.2f} ms a batch: workers would not make them "
                                  "much sooner; larger batches, or less work a record")

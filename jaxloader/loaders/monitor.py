@@ -67,8 +67,8 @@ def _resident_bytes(pid: int) -> int:
 
 
 def _workers_by_descriptors() -> int:
-    """The workers whose descriptors here (``descriptors.WORKER_DESCRIPTORS`` each) take at most half
-    of those the limit leaves, the rest the batch slots' (``ulimit -n``: the tuner grew to 16
+    """The workers whose descriptors here (``WORKER_DESCRIPTORS`` each) take at most half of
+    those the limit leaves, the rest the batch slots' (``ulimit -n``: the tuner grew to 16
     workers under 256, and its next start failed in ``next()``, "Too many open files");
     ``MAX_WORKERS`` where unknown."""
     import resource

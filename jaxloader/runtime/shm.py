@@ -67,7 +67,21 @@ def _memfd_works() -> bool:
     return True
 
 
-MEMFD_AVAILABLE = _memfd_works()
+def memfd_available() -> bool:
+    """Whether memory files can be made here (``MEMFD_AVAILABLE``), found the first time it
+    is asked, not at import: a seccomp profile that kills a process making one (systemd's
+    SystemCallFilter) ended ``import jaxloader``, where a loader without workers never makes
+    one (the review)."""
+    found = globals().get("MEMFD_AVAILABLE")
+    if found is None:
+        found = globals()["MEMFD_AVAILABLE"] = _memfd_works()
+    return bool(found)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MEMFD_AVAILABLE":  # (shm.MEMFD_AVAILABLE: asked once; a test may set it)
+        return memfd_available()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 # A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
 # open (a worker's mapping of a slot, a source's block: two of the process's descriptors,
 # often 1,024 at most); the owner's slots are mapped without one everywhere (runtime.mapping)
@@ -102,7 +116,7 @@ class Segment:
         (``jaxloader.base.interrupts``, 3).
         """
         size = max(_PAGE, -(-size // _PAGE) * _PAGE)
-        use_memfd = MEMFD_AVAILABLE if memfd is None else memfd
+        use_memfd = memfd_available() if memfd is None else memfd
         segment = (cls._create_memfd if use_memfd else cls._create_posix)(size, registry)
         if prefault:  # first touch of a fresh page costs far more than a warm write: pay it now
             try:

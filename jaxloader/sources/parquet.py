@@ -43,7 +43,7 @@ from jaxloader.sources.paths import expand
 from jaxloader.sources import parquet_footers, shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
-from jaxloader.runtime import shm, worker_info
+from jaxloader.runtime import worker_info
 from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (a read-local window's)
@@ -94,8 +94,8 @@ class ParquetSource:
         self._group_bytes = footers.group_bytes
         self._schema_text = footers.schema_text
         self.cache_bytes = cache_bytes
-        self.share_decoded = (check_bool("ParquetSource(share_decoded)", share_decoded)
-                              and shm.MEMFD_AVAILABLE)
+        self.share_decoded = check_bool("ParquetSource(share_decoded)", share_decoded)  # (off
+        # where memory files cannot be made: found as the workers' table is, in __getstate__)
         self._table_name: str | None = None  # the shared blocks' table, once workers are made
         self._table_finalizer: weakref.finalize | None = None  # destroys it (main process)
         self._reset_process_state()

@@ -24,7 +24,7 @@
                                                                   traceback, pickled exception)
     Stop() ──────────────────────────────────────────────>  exit (so does EOF: the main is gone)
 
-A task is a few steps of one worker (``stride``: the number of workers), so that a small batch
+A task is a few steps of one worker (``stride``: the workers of its block), so that a small batch
 costs its share of two messages, not two messages (``jaxloader.workers.pool``). ``slots`` names a
 shared-memory segment a step (``shm.attach`` maps it) with its size. In ``made``, ``layout`` is
 ``None`` when it equals the worker's previous one (the main process keeps the last per worker);
@@ -216,16 +216,17 @@ def send(conn: Connection, message: Any) -> None:
     value and which the main process maps back to its own class."""
     wire = (_NUMBER[type(message)], *message)
     try:
-        frame = pickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        import cloudpickle  # a worker has it imported (its payload came by it)
+        try:
+            frame = pickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            import cloudpickle  # a worker has it imported (its payload came by it)
 
-        frame = cloudpickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
+            frame = cloudpickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
     except MemoryError as e:  # (a bare MemoryError under ulimit -v: the containers audit)
         from jaxloader.runtime.limits import memory_left
 
-        raise MemoryError(f"out of memory as a message to a worker was pickled "
-                          f"({type(message).__name__}): {memory_left()}") from e
+        raise MemoryError(f"out of memory as a message between the loader and a worker was "
+                          f"pickled ({type(message).__name__}): {memory_left()}") from e
     with pipe_errors_raised():
         conn.send_bytes(frame)
 

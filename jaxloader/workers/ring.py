@@ -134,8 +134,8 @@ class SlotRing:
         return len(self._segments)
 
     @property
-    def held_bytes(self) -> int:
-        return sum(s.size for s in self._segments.values())
+    def held_bytes(self) -> int:  # (a copy of the values: the prefetch thread adds and drops)
+        return sum(s.size for s in list(self._segments.values()))
 
     @property
     def slot_size(self) -> int:

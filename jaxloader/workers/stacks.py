@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import os
 import secrets
@@ -170,6 +171,8 @@ def _temporary(make: Any, prefix: str) -> Any:
     try:
         return make(prefix=prefix)
     except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):  # (the descriptor table's: said as such
+            raise  # where the workers start, not as a folder to give; the review)
         raise JaxloaderError(
             f"the workers' stack files: no writable temporary folder ({e}); where memory files "
             "cannot be made (no /proc, or refused), each worker has a file there for its "

@@ -68,7 +68,7 @@ import threading
 from typing import Any, Mapping, Sequence
 
 from jaxloader.base.errors import JaxloaderError
-from jaxloader.runtime.limits import process_limits
+from jaxloader.runtime.limits import memory_left, process_limits
 from jaxloader.workers import launch, protocol
 from jaxloader.workers.starter_process import ENDED, MESSAGE_BYTES
 
@@ -91,9 +91,10 @@ class Starter:
         except BaseException as e:
             ours.close()
             if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM):
+                held = process_limits() if e.errno == errno.EAGAIN else memory_left()
                 raise OSError(e.errno, f"could not start the worker starter process "
-                              f"({e.strerror}): free memory or processes ({process_limits()})"
-                              ", or ask for fewer num_workers (0: none)") from e  # (a bare
+                              f"({e.strerror}): free processes or memory ({held}), or use "
+                              "num_workers=0 (no worker processes)") from e  # (a bare
             raise  # BlockingIOError under a container's --pids-limit: the containers audit)
         finally:
             theirs.close()

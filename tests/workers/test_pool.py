@@ -908,20 +908,26 @@ def test_workers_autotune_adds_share_the_work_of_one_with_a_backlog():
     maker = BatchMaker(SleepyRows(), Sampler(10_000, 4, shuffle=False, seed=0,
                                              last_batch="drop"))
     pool = WorkerPool(maker, 1, max_workers=4)
+    strides, submit = [], pool._submit  # (each task's block: its stride, the workers in it)
+
+    def recorded(w, first, count, stride, run, reset):
+        strides.append(stride)
+        return submit(w, first, count, stride, run, reset)
+
+    pool._submit = recorded
     try:
         batches = pool.batches(0, None)
         for _ in range(150):  # (its tasks ahead: a backlog once others start)
             next(batches)
         pool.roster.resize(4)
-        for _ in range(150):
-            next(batches)
-        spreads = []  # (tasks in flight, the most a worker holds less the fewest)
+        del strides[:]
         for _ in range(300):
             next(batches)
-            spreads.append(max(pool.roster.in_flight) - min(pool.roster.in_flight))
     finally:
         pool.close()
-    assert pool.roster.active == 4 and sorted(spreads)[150] <= 1, spreads  # (was 2: [4, 2, 2, 2])
+    assert pool.roster.active == 4 and 4 in strides, strides
+    behind = strides.index(4)  # (the first blocks after it: for the 3 workers behind alone,
+    assert behind > 0 and set(strides[:behind]) <= {1, 2, 3}, strides  # then for all 4)
     roster = Roster.__new__(Roster)  # (its choice alone: no workers)
     roster.active, roster.in_flight, roster._catching_up = 4, [12, 0, 1, 3], True
     assert roster.takers(12) == [1, 2] and roster.takers(12, balance=False) == []

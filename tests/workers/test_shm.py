@@ -299,3 +299,24 @@ def test_a_ctrl_c_in_a_segments_prefault_leaves_no_memory_file_open(monkeypatch)
             shm_module.Segment.create(4096, registry=registry)
     monkeypatch.undo()
     assert files() - before == set() and registry == {}
+
+
+def test_memory_files_are_looked_for_when_first_wanted_not_as_jaxloader_is_imported(tmp_path):
+    # a seccomp profile that kills a process making one (systemd's SystemCallFilter) ended
+    # `import jaxloader` once a probe made one at import, where a loader without workers never
+    # makes one (the review)
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        os.memfd_create = lambda *args, **kwargs: os._exit(99)  # (the kill, as a seccomp's)
+        import numpy as np, jaxloader as jl
+        from jaxloader.runtime import shm
+        assert "MEMFD_AVAILABLE" not in vars(shm)
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, shuffle=False,
+                           num_workers=0, process_index=0, process_count=1) as loader:
+            print(sum(int(b["x"].sum()) for b in loader))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == [str(sum(range(64)))], \
+        (done.returncode, done.stderr[-2000:])

@@ -380,7 +380,7 @@ def test_a_starter_the_process_limit_refuses_is_named_with_the_limits(monkeypatc
 
     monkeypatch.setattr(launch, "launch", refused)
     with pytest.raises(OSError, match=r"could not start the worker starter process \(Resource "
-                                      r"temporarily unavailable\): free memory or processes "
-                                      r"\(ulimit -u .*fewer num_workers") as raised:
+                                      r"temporarily unavailable\): free processes or memory "
+                                      r"\(ulimit -u .*num_workers=0") as raised:
         starter.Starter(dict(os.environ))
     assert raised.value.errno == errno.EAGAIN  # (autotune's growth ends on it, as on a fork's)

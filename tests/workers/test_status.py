@@ -507,6 +507,6 @@ def test_an_address_space_limit_is_named_where_a_worker_aborts_or_the_payload_ru
                                           r"891,289,600 bytes .*num_workers=0"):
         failures.pickled(None, None, lambda s: None, lambda *a: None)
     monkeypatch.setattr(protocol.pickle, "dumps", no_memory)  # (the payload's message, sent)
-    with pytest.raises(MemoryError, match=r"out of memory as a message to a worker was pickled "
-                                          r"\(Stop\): .*limited to 891,289,600 bytes"):
+    with pytest.raises(MemoryError, match=r"out of memory as a message between the loader and a "
+                                          r"worker was pickled \(Stop\): .*limited to 891,289,6"):
         protocol.send(None, protocol.Stop())
