@@ -10,8 +10,9 @@ Two kinds, one interface (``Segment`` on the owner's side, ``attach(name, size)`
   never map the wrong file. The name is ``memfd:<owner pid>:<fd>:<inode>``.
 - **POSIX shared memory** (elsewhere, or where the kernel or a sandbox refuses memory files):
   ``jaxloader_<owner pid>_<random>`` in ``/dev/shm``, registered with Python's resource tracker
-  while it exists so that a killed owner's segments are unlinked. ``attach`` maps it without registering it (on Python 3.11 a tracker would unlink
-  the owner's segment when the worker exits). Workers never unlink.
+  while it exists so that a killed owner's segments are unlinked. ``attach`` maps it without
+  registering it (on Python 3.11 a tracker would unlink the owner's segment when the worker
+  exits). Workers never unlink.
 
 Either way the pages are reserved when the segment is made (``posix_fallocate``): memory that
 runs out is a ``SharedMemoryError`` there, naming the bytes asked for and what was free, never a
