@@ -290,7 +290,7 @@ class Monitor:
         if tune is not None:
             tune.label = label
         self.log_every_s = log_every_s
-        self._summary = summary
+        self._summary, self._log_due = summary, False
         self._log_at = perf_counter() + log_every_s if log_every_s else float("inf")
         self.next_at = perf_counter() if tune is not None else self._log_at
 
@@ -302,8 +302,12 @@ class Monitor:
     def tick(self, now: float, step: int, batches: int, wait_s: float) -> None:
         if self.tune is not None:
             self.tune.decide(now, step, batches, wait_s)
-        if now >= self._log_at and batches > 1:  # (the summary needs a batch past the first)
-            self._log_at = now + (self.log_every_s or 0.0)
+        if self._log_due:  # (the batch its time came at handed out since: its wait counted)
+            self._log_due = False
             log.info("%s: %s", self.label, self._summary())
-        self.next_at = min(now + WINDOW_S if self.tune is not None else float("inf"),
-                           self._log_at)
+        elif now >= self._log_at and batches > 1:  # (a batch past the first, and the one
+            self._log_at = now + (self.log_every_s or 0.0)  # being handed out, whose wait
+            self._log_due = True  # is not counted yet: a long one went to the next window,
+            # named "main" there, its worker's read counted in this one; the diagnosis audit)
+        self.next_at = 0.0 if self._log_due else min(
+            now + WINDOW_S if self.tune is not None else float("inf"), self._log_at)

@@ -425,3 +425,18 @@ def test_each_run_and_each_reset_of_the_stats_starts_the_tuning_window_afresh():
         assert tune.restarts == 2
         loader.reset_stats()
         assert tune.restarts == 3
+
+
+def test_the_periodic_summary_counts_the_batch_its_time_came_at():
+    # the summary was said as the batch whose return brought its time was handed out, before
+    # that batch's wait was counted: a 1.4 s wait for a slow read went to the next window,
+    # named "main" there, its worker's read counted in this one (the diagnosis audit)
+    said = []
+    watch = monitor.Monitor(None, 1.0, lambda: said.append("summary") or "summary")
+    start = watch.next_at - 1.0
+    watch.tick(start + 0.5, 10, 10, 0.0)
+    assert not said and watch.next_at == start + 1.0
+    watch.tick(start + 2.4, 11, 11, 1.4)  # (its time: said at the next batch, this one's counted)
+    assert not said and watch.next_at == 0.0
+    watch.tick(start + 2.45, 12, 12, 1.4)
+    assert said == ["summary"] and watch.next_at == pytest.approx(start + 3.4)
