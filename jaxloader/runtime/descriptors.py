@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from jaxloader.base.errors import SharedMemoryError
+
+# A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
+# open (a worker's mapping of a slot, a source's block: two of the process's descriptors,
+# often 1,024 at most); the owner's slots are mapped without one everywhere (runtime.mapping)
+UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 def descriptors_of(token: str) -> list[int]:
@@ -32,7 +38,7 @@ def descriptors_of(token: str) -> list[int]:
     return found
 
 
-def descriptor_share(share: int, most: int, untracked: bool = sys.version_info >= (3, 13),
+def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED),
                      taken: int = 0) -> int:
     """Mappings this process may keep: ``1/share`` of its descriptor limit less ``taken``
     descriptors (those open, and other loaders' slots still to come), each mapping a

@@ -34,7 +34,6 @@ import mmap
 import os
 import resource
 import secrets
-import sys
 import weakref
 from multiprocessing import resource_tracker
 from typing import Any, cast
@@ -44,7 +43,7 @@ import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, SharedMemoryError
 from jaxloader.base.interrupts import run_all
-from jaxloader.runtime.descriptors import descriptors_of, out_of_descriptors
+from jaxloader.runtime.descriptors import UNTRACKED, descriptors_of, out_of_descriptors
 from jaxloader.runtime.mapping import mapped
 
 PREFIX = "jaxloader"
@@ -83,11 +82,6 @@ def __getattr__(name: str) -> Any:
     if name == "MEMFD_AVAILABLE":  # (shm.MEMFD_AVAILABLE: asked once; a test may set it)
         return memfd_available()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-# A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
-# open (a worker's mapping of a slot, a source's block: two of the process's descriptors,
-# often 1,024 at most); the owner's slots are mapped without one everywhere (runtime.mapping)
-UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
-
 
 class Segment:
     """An owned segment: ``buf`` is its memoryview; ``destroy()`` releases it.
