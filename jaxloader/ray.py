@@ -39,15 +39,15 @@ from typing import Any, Generator, NoReturn
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int, is_seconds
-from jaxloader.base.errors import ConfigError, WorkerError
+from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor, actor_arguments, payload, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
-from jaxloader.ray_tasks import (WAIT_SAID_S, RayStallWatch, TaskQueues, broken_closes,
-                                 check_session, get, lost_errors, session, start_failed,
-                                 step_failed, steps_text, task_failed, task_steps,
-                                 waiting_to_start)
+from jaxloader.ray_tasks import (WAIT_SAID_S, RayStallWatch, TaskQueues, actor_text, all_gone,
+                                 broken_closes, check_session, get, lost_errors, lost_reason,
+                                 session, start_failed, step_failed, steps_text, task_failed,
+                                 task_steps, waiting_to_start)
 from jaxloader.workers.failures import closed, unpicklable
 from jaxloader.workers.stalls import StallWatch
 from jaxloader.workers.source_copies import Copies
@@ -153,9 +153,10 @@ class RayEngine:
             for i in range(spec.n)]
         self._alive: list[int] = []
         self._pids: list[int | None] = [None] * spec.n
+        self._nodes: list[str | None] = [None] * spec.n  # (ray_actor.node_label's)
         # actors not running yet (the cluster has not placed them, or Ray restarts them):
-        # their pid() call, which returns once they run
-        self._pending: dict[int, Any] = {i: a.pid.remote() for i, a in enumerate(self._actors)}
+        # their where() call, which returns once they run
+        self._pending: dict[int, Any] = {i: a.where.remote() for i, a in enumerate(self._actors)}
         self._back_by: dict[int, float] = {}  # an actor Ray restarts: asked again until then
         self._turn = 0
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
@@ -214,21 +215,21 @@ class RayEngine:
                     continue
                 del self._pending[actor]
                 try:
-                    self._pids[actor] = ray.get(ref)
+                    self._pids[actor], self._nodes[actor] = ray.get(ref)
                 except lost_errors(self._ray) as e:
                     if time.monotonic() < self._back_by.get(actor, 0.0):  # still restarting
                         if need:  # (waiting for it: asked again shortly, not in a spin)
                             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-                        self._pending[actor] = self._actors[actor].pid.remote()
+                        self._pending[actor] = self._actors[actor].where.remote()
                         continue
-                    log.warning("Ray actor %d did not start (%s)", actor, type(e).__name__)
+                    log.warning("Ray actor %d did not start (%s)", actor, lost_reason(e))
                     failed = e  # (dead for good: it stays out)
                     continue
                 self._back_by.pop(actor, None)
                 self._alive.append(actor)
                 if self._steps is not None:  # (not at the loader's start)
-                    log.info("Ray actor %d (pid %s) takes steps: %d actor(s) now", actor,
-                             self._pids[actor], len(self._alive))
+                    log.info("%s takes steps: %d actor(s) now", self.who(actor),
+                             len(self._alive))
             if not need or len(self._alive) >= at_least or time.monotonic() >= deadline:
                 break
         if len(self._alive) < at_least:
@@ -246,7 +247,11 @@ class RayEngine:
         """``actor``'s task ``ref`` (``ray_tasks.get``; ``TaskQueues.wait_s``'s time)."""
         wait_s = self.tasks.wait_s(self._ray, self._spec.timeout_s, actor, ref)
         return get(self._ray, ref, wait_s, self._watch,
-                   lambda: f"Ray actor {actor} (pid {self._pids[actor]}) is making {steps}")
+                   lambda: f"{self.who(actor)} is making {steps}")
+
+    def who(self, actor: int) -> str:
+        """``actor`` as messages name it (``ray_tasks.actor_text``)."""
+        return actor_text(actor, self._pids[actor], self._nodes[actor])
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
@@ -288,8 +293,8 @@ class RayEngine:
                 flight.popleft()
                 self.tasks.received(actor, ref)
                 self._killed.pop(first, None)  # (made: actors lost before on it are no sign)
-                made, timings, pid, failed = made
-                self.made_by(actor, pid, timings)
+                made, timings, where, failed = made
+                self.made_by(actor, where, timings)
                 if made:  # each task back sizes the next ones
                     self._steps = task_steps(tree_lib.flatten(made[0])[0], self._spec.task_bytes,
                                              timings[0] / len(made))
@@ -303,9 +308,8 @@ class RayEngine:
 
     def hung(self, actor: int, steps: str) -> None:
         """Kills an actor that did not make a task within ``timeout_s``, saying so."""
-        log.warning("Ray actor %d (pid %s) did not make %s within timeout_s=%g s: killed, "
-                    "its steps are made again elsewhere", actor, self._pids[actor], steps,
-                    self._spec.timeout_s)
+        log.warning("%s did not make %s within timeout_s=%g s: killed, its steps are made "
+                    "again elsewhere", self.who(actor), steps, self._spec.timeout_s)
         # (with max_restarts, Ray may start it again: it takes steps once it runs)
         self.cancel_actor(actor, restart=bool(self._spec.actor_options.get("max_restarts")))
 
@@ -317,28 +321,30 @@ class RayEngine:
         except Exception:  # noqa: BLE001 - gone meanwhile
             pass
 
-    def made_by(self, actor: int, pid: int, timings: tuple) -> None:
-        """A task of ``actor``'s came back from process ``pid``, with its stage timings and
-        when it began (wall clock: machines' agree to NTP's skew); kept if since the reset."""
+    def made_by(self, actor: int, where: tuple[int, str], timings: tuple) -> None:
+        """A task of ``actor``'s came back from process ``where`` (its pid and node), with its
+        stage timings and when it began (wall clock: machines' agree to NTP's skew); kept if
+        since the reset."""
         if timings[-1] >= time.time() - (time.monotonic() - self.gauges.reset_at):
             self.gauges.makers[actor].absorb(timings[:-2])
             self.gauges.makers[actor].add_queued(timings[-2])
         # restarted by Ray with no task lost: it had none in flight, or Ray made them again
         # (its max_task_retries)
-        if pid != self._pids[actor]:
-            log.info("Ray actor %d was restarted by Ray: pid %s -> %s", actor,
-                     self._pids[actor], pid)
-            self._pids[actor] = pid
+        if where[0] != self._pids[actor]:
+            was = self.who(actor)
+            self._pids[actor], self._nodes[actor] = where
+            log.info("%s was restarted by Ray: now pid %s on %s", was, *where)
 
     def raise_failed(self, actor: int, failed: Any) -> NoReturn:
         """Raises a step's failure in ``actor`` (``ray_tasks.step_failed``)."""
-        error, cause = step_failed(actor, self._pids[actor], failed, self._location)
+        error, cause = step_failed(actor, self._pids[actor], self._nodes[actor], failed,
+                                   self._location)
         raise error from cause
 
     def raise_task_error(self, actor: int, first: int, count: int, e: Any,
                          stride: int = 1) -> NoReturn:
         """Raises what a task raised outside its steps (``ray_tasks.task_failed``)."""
-        error, cause = task_failed(actor, self._pids[actor], first, count, e, self._location,
+        error, cause = task_failed(self.who(actor), first, count, e, self._location,
                                    stride)
         raise error from cause
 
@@ -349,10 +355,10 @@ class RayEngine:
             raise closed() from error
         if actor in self._alive:
             self._alive.remove(actor)
-            log.warning("Ray actor %d (pid %s) is gone (%s); its steps go to the %d left",
-                        actor, self._pids[actor], type(error).__name__, len(self._alive))
+            log.warning("%s is gone (%s); its steps go to the %d left", self.who(actor),
+                        lost_reason(error), len(self._alive))
             if self._spec.actor_options.get("max_restarts", 0):  # Ray may start it again
-                self._pending[actor] = self._actors[actor].pid.remote()
+                self._pending[actor] = self._actors[actor].where.remote()
                 self._back_by[actor] = time.monotonic() + self._spec.start_timeout_s
             else:  # (an actor only unreachable for now would hold its CPUs until close())
                 self.cancel_actor(actor)
@@ -377,13 +383,8 @@ class RayEngine:
         if not self._alive:
             if self._closed:  # (close() from another thread meanwhile: not a death)
                 raise closed() from error
-            first, last = flight[0][0], flight[-1][0] + flight[-1][1] - 1
-            raise WorkerError(
-                f"every Ray actor is gone (the last: actor {actor}, {type(error).__name__}); "
-                f"steps {first}..{last} were in flight and are not made; check the cluster's "
-                "nodes and memory (or whether making those steps ends a process: run them with "
-                "num_workers=0), then create a new loader (or restore its last state into "
-                "one)") from error
+            raise all_gone(self.who(actor), error, flight[0][0],
+                           flight[-1][0] + flight[-1][1] - 1) from error
         for i, (first, count, owner, _) in enumerate(flight):
             if owner == actor:
                 flight[i] = self._submit(first, count)

@@ -41,6 +41,15 @@ from jaxloader.workers.source_copies import NOTED_MIN_BYTES
 CORE_WAIT_S = 0.25  # an actor reads its threads' waits for a core at most this often
 
 
+def node_label() -> str:
+    """This actor's node: its address and Ray's node id, 8 hex digits (the nodes of a
+    cluster may share an address, as ``ray.cluster_utils.Cluster``'s do)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    return f"{ray.util.get_node_ip_address()}, node {node[:8]}"
+
+
 class MakerActor:
     """A Ray actor's body: the batch maker, unpickled where the actor runs once the training
     process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
@@ -64,15 +73,20 @@ class MakerActor:
         self._waited = (time.monotonic(), queued_s(os.getpid()))  # (_core_wait's last read)
         if place is not None:
             worker_info.set_info(worker_info.WorkerInfo(*place, self._maker.seed))
+        self._where = (os.getpid(), node_label())
 
     def pid(self) -> int:
         return os.getpid()
 
+    def where(self) -> tuple[int, str]:
+        """This process's pid and node, as the training process's messages name them."""
+        return self._where
+
     def make(self, first: int, count: int,
-             trace: bool = False) -> tuple[list, tuple, int, Failed | None]:
+             trace: bool = False) -> tuple[list, tuple, tuple[int, str], Failed | None]:
         """The batches of steps ``first .. first + count - 1`` (one object, one message),
         the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)
-        and this process's pid."""
+        and this process's ``where()``."""
         began, cpu = self._clock(trace)
         made: list = []
         try:
@@ -82,12 +96,12 @@ class MakerActor:
             raise
         except BaseException as e:  # noqa: BLE001 - the batches before it are handed out, then
             # this is raised (a transform's sys.exit() too, which ended the actor)
-            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
-        return made, self._timings(began, cpu), os.getpid(), None
+            return made, self._timings(began, cpu), self._where, failed(-1, step, e)
+        return made, self._timings(began, cpu), self._where, None
 
     def make_stream(self, first: int, count: int, stride: int, reset: list | None,
-                    trace: bool = False) -> tuple[list, tuple, int, Failed | None]:
-        """A stream's task (``make_stream`` below), its stage timings and this pid."""
+                    trace: bool = False) -> tuple[list, tuple, tuple[int, str], Failed | None]:
+        """A stream's task (``make_stream`` below), its stage timings and ``where()``."""
         began, cpu = self._clock(trace)
         made: list = []
         try:
@@ -96,8 +110,8 @@ class MakerActor:
             raise
         except BaseException as e:  # noqa: BLE001 - (sys.exit() too, as make's)
             step = first + len(made) * stride
-            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
-        return made, self._timings(began, cpu), os.getpid(), None
+            return made, self._timings(began, cpu), self._where, failed(-1, step, e)
+        return made, self._timings(began, cpu), self._where, None
 
     def _clock(self, trace: bool) -> tuple[float, float]:
         if (self._maker.clock.trace is not None) != trace:  # (a profile's timeline asked for)

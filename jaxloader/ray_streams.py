@@ -24,8 +24,8 @@ from typing import Any, Generator
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.ray_actor import actor_arguments
-from jaxloader.ray_tasks import (TASK_SECONDS, check_session, lost_errors, steps_text,
-                                 task_steps)
+from jaxloader.ray_tasks import (TASK_SECONDS, check_session, lost_errors, lost_reason,
+                                 steps_text, task_steps)
 from jaxloader.workers.failures import closed
 
 log = logging.getLogger("jaxloader")
@@ -94,8 +94,8 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                 engine.raise_task_error(w, first, count, e, stride=hosts)
             flight[w].popleft()
             engine.tasks.received(w, ref)
-            made, timings, pid, failed = made
-            engine.made_by(w, pid, timings)
+            made, timings, where, failed = made
+            engine.made_by(w, where, timings)
             if failed is not None:
                 failures[failed.step] = (w, failed)
             if made:  # each task back sizes the next ones
@@ -125,8 +125,9 @@ def lost_in_turn(steps: str, where: str, error: BaseException, timeout_s: float 
             f"{TASK_SECONDS:g} s of steps, at most 32): raise timeout_s, or find what hangs "
             "by making those steps with num_workers=0")
     return WorkerError(
-        f"{made_by} each died: something in making them ends the process (native code in a "
-        "transform, memory); run those steps with num_workers=0 to see the error")
+        f"{made_by} each died (the last: {lost_reason(error)}): something in making them "
+        "ends the process (native code in a transform, memory); run those steps with "
+        "num_workers=0 to see the error")
 
 
 def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: list,
@@ -143,8 +144,8 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     if killed[(w, first)] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
         raise lost_in_turn(steps, engine._location(first), error,
                            engine._spec.timeout_s) from error
-    log.warning("Ray actor %d (pid %s) is gone (%s); a new actor continues its readers from "
-                "its last batch received, %s", w, engine._pids[w], type(error).__name__, steps)
+    log.warning("%s is gone (%s); a new actor continues its readers from its last batch "
+                "received, %s", engine.who(w), lost_reason(error), steps)
     restart_actor(engine, w, f"{steps} were in flight and are not made")
     actors = engine._actors  # (close() from another thread empties it anew)
     if engine._closed or w >= len(actors):
@@ -167,12 +168,13 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
         ray.kill(made, no_restart=True)
         raise closed()
     try:
-        engine._pids[actor] = ray.get(made.pid.remote(), timeout=spec.start_timeout_s)
+        engine._pids[actor], engine._nodes[actor] = ray.get(made.where.remote(),
+                                                            timeout=spec.start_timeout_s)
     except Exception as e:
         if engine._closed:  # (killed by close() as it started: not the cluster's doing)
             raise closed() from e
         raise WorkerError(
             f"Ray actor {actor} is gone and no new one started within "
-            f"{spec.start_timeout_s:.0f} s ({type(e).__name__}); {lost}; the cluster has "
+            f"{spec.start_timeout_s:.0f} s ({lost_reason(e)}); {lost}; the cluster has "
             f"{ray.available_resources()} free: add nodes, then create a new loader (or "
             "restore its last state into one)") from e

@@ -161,21 +161,22 @@ def check_session(ray: Any, then: tuple) -> None:
     _SESSION_SEEN[then] = now + SESSION_S
 
 
-def step_failed(actor: int, pid: int | None, failed: Any,
+def step_failed(actor: int, pid: int | None, node: str | None, failed: Any,
                 where: Callable[[int], str]) -> tuple[WorkerError, BaseException | None]:
     """The error of a step that raised in an actor (its ``workers.protocol.Failed``: the
-    exception, the actor's traceback), named as a local worker's is, and its cause."""
-    return raised(actor, pid or 0, failed, where, who="Ray actor")
+    exception, the actor's traceback), named as a local worker's is, with its node, and its
+    cause."""
+    return raised(actor, f"{pid or 0}{f' on {node}' if node else ''}", failed, where,
+                  who="Ray actor")
 
 
-def task_failed(actor: int, pid: int | None, first: int, count: int, e: Any,
-                where: Callable[[int], str],
+def task_failed(who: str, first: int, count: int, e: Any, where: Callable[[int], str],
                 stride: int = 1) -> tuple[WorkerError, BaseException]:
     """The error of a task Ray says raised (outside a step: its reply, say), naming the actor
-    and its steps, and its cause."""
+    (``who``: ``actor_text``'s) and its steps, and its cause."""
     cause = e.cause if getattr(e, "cause", None) is not None else e
     return WorkerError(
-        f"Ray actor {actor} (pid {pid}) raised making {steps_text(first, count, stride)} "
+        f"{who} raised making {steps_text(first, count, stride)} "
         f"({where(first)}): {type(cause).__name__}: {cause}; the loader is broken; fix the "
         "cause and create a new loader"), cause
 
@@ -193,6 +194,51 @@ def task_steps(leaves: list, task_bytes: int, step_s: float = 0.0) -> int:
     nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
     timed = int(TASK_SECONDS / step_s) if step_s > 0 else MAX_STEPS
     return max(1, min(MAX_STEPS, task_bytes // max(1, nbytes), timed))
+
+
+def actor_text(actor: int, pid: int | None, node: str | None) -> str:
+    """An actor as messages name it: its index, pid and node (``ray_actor.node_label``)
+    once it ran: a file missing, or memory short, on one machine shows which.
+
+    Example:
+        >>> actor_text(1, 4720, "10.0.0.2, node 0316a2f4"), actor_text(2, None, None)
+        ('Ray actor 1 (pid 4720 on 10.0.0.2, node 0316a2f4)', 'Ray actor 2')
+    """
+    return f"Ray actor {actor}" + (f" (pid {pid} on {node})" if pid and node else
+                                   f" (pid {pid})" if pid else "")
+
+
+def lost_reason(error: BaseException) -> str:
+    r"""What Ray says an actor was lost of, short: its reason (the process died, and how; its
+    node did, and why) without the fields it lists of the actor first; else its first line.
+
+    Example:
+        >>> lost_reason(RuntimeError("The actor died.\n\tpid: 7\n\tip: 10.0.0.2\nThe actor "
+        ...     "died because its node has died.\n\tthe node was terminated: received SIGTERM"))
+        'RuntimeError: The actor died because its node has died. the node was terminated: ...'
+    """
+    lines = str(error).splitlines()
+    rest = lines[1:]
+    while rest and rest[0].startswith("\t"):  # (class_name, actor_id, pid, ip: named by us)
+        rest.pop(0)
+    text = " ".join(line.strip() for line in rest or lines[:1] if line.strip())
+    text = text.split(" If the process was killed by the kernel OOM")[0]  # (Ray's advice on
+    if len(text) > _REASON_CHARS:  # its own options; its list of causes, the OOM killer's
+        text = text[:_REASON_CHARS - 3].rstrip() + "..."  # first, is kept)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+_REASON_CHARS = 400  # of Ray's reason for an actor lost, in a message
+
+
+def all_gone(last: str, error: BaseException, first: int, stop: int) -> WorkerError:
+    """The error once no actor is left: ``last`` (``actor_text``'s) went of ``error``, steps
+    ``first..stop`` were in flight."""
+    return WorkerError(
+        f"every Ray actor is gone (the last: {last}, {lost_reason(error)}); steps "
+        f"{first}..{stop} were in flight and are not made; check the cluster's nodes and "
+        "memory (or whether making those steps ends a process: run them with num_workers=0), "
+        "then create a new loader (or restore its last state into one)")
 
 
 def lost_errors(ray: Any) -> tuple:

@@ -46,6 +46,9 @@ def cluster():
             signal.signal(number, handler)
 
 
+ON_NODE = r"\(pid \d+ on [\d.]+, node [0-9a-f]{8}\)"  # (an actor as messages name it)
+
+
 def noisy(r, rng):  # a RandomMap: its numbers come from (seed, epoch, position)
     return {"x": r["x"] + np.float32(rng.random()), "y": r["y"]}
 
@@ -128,11 +131,14 @@ def check_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, c
         # larger in_flight helps" was said of the one left, busy all its time; the Ray audit)
         assert all(w.in_use_s is None for w in on_ray.stats.workers)
     assert same(made, expected)
-    assert any("Ray actor 1" in r.getMessage() and "is gone" in r.getMessage()
-               for r in caplog.records)  # (its steps were made again, not found done)
+    # (its steps were made again, not found done); said with its node and Ray's reason (it
+    # said "ActorDiedError" alone, and no node: the Ray audit)
+    assert any(re.search(rf"Ray actor 1 {ON_NODE} is gone \(ActorDiedError: The actor is dead "
+                         r"because its worker process has died", r.getMessage())
+               for r in caplog.records), caplog.text
 
 
-def check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
+def check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog):
     node = cluster.add_node(num_cpus=1, resources={"any": 1})  # one actor here, one on the head
     cluster.wait_for_nodes()
     with loader(slowly=True, workers=RayWorkers(2, resources={"any": 1})) as on_ray:
@@ -142,6 +148,8 @@ def check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
         made += list(it)
         assert len(on_ray.worker_pids) == 1
     assert same(made, expected)
+    assert any(re.search(rf"Ray actor \d {ON_NODE} is gone \(ActorDiedError: .*because its "
+                         r"node has died", r.getMessage()) for r in caplog.records), caplog.text
 
 
 def check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster):
@@ -150,8 +158,9 @@ def check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster):
         next(it)
         os.kill(on_ray.worker_pids[0], signal.SIGKILL)
         time.sleep(0.5)
-        with pytest.raises(jl.WorkerError, match=r"every Ray actor is gone .* steps \d+\.\.\d+ "
-                                                 r"were in flight .* restore its last state"):
+        with pytest.raises(jl.WorkerError, match=rf"every Ray actor is gone \(the last: Ray "
+                           rf"actor 0 {ON_NODE}, ActorDiedError: The actor is dead because .*\); "
+                           r"steps \d+\.\.\d+ were in flight .* restore its last state"):
             list(it)
 
 
@@ -166,7 +175,9 @@ def check_steps_that_kill_every_actor_making_them_are_named(cluster):
     with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(dies_at_37)],
                        workers=RayWorkers(3), process_index=0, process_count=1) as bad:
         with pytest.raises(jl.WorkerError, match=r"steps \d+\.\.\d+ \(step \d+ .*\) were being "
-                                                 r"made by 3 Ray actors in turn, and each died"):
+                                                 r"made by 3 Ray actors in turn, and each died "
+                                                 r"\(the last: ActorDiedError: The actor is dead "
+                                                 r"because its worker process has died"):
             list(bad)
 
 
@@ -268,7 +279,7 @@ def check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
                r.getMessage() for r in caplog.records)
     # meanwhile the wait is said every stall_warning_s, as a local worker's (it was taken,
     # and a hung actor waited for without a word: the Ray audit)
-    assert any(re.search(r"no batch for [01]\.\d s: Ray actor \d \(pid \d+\) is making "
+    assert any(re.search(rf"no batch for [01]\.\d s: Ray actor \d {ON_NODE} is making "
                          r"steps? \d+", r.getMessage()) for r in caplog.records), caplog.text
     assert not live_actors()
 
@@ -359,7 +370,8 @@ def check_an_actor_ray_restarts_while_idle_is_seen_by_its_next_task(cluster, exp
         made = list(on_ray)
         assert killed not in on_ray.worker_pids and len(on_ray.worker_pids) == 2
     assert same(made, expected)
-    assert any("restarted by Ray: pid" in r.getMessage() for r in caplog.records)
+    assert any(re.search(rf"Ray actor 1 {ON_NODE} was restarted by Ray: now pid \d+ on [\d.]+, "
+                         r"node [0-9a-f]{8}$", r.getMessage()) for r in caplog.records), caplog.text
 
 
 def fails_at_37(r):
@@ -409,7 +421,7 @@ def check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback
                     made.append(batch)
             counts.append(len(made))
     assert counts[0] == counts[1] > 0, counts  # (on Ray: the batches of the task before)
-    assert re.search(rf"Ray actor \d \(pid \d+\) raised at stream step {counts[0]} ",
+    assert re.search(rf"Ray actor \d {ON_NODE} raised at stream step {counts[0]} ",
                      str(raised.value)), str(raised.value)
 
 
@@ -612,7 +624,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch, t
     expected = in_process()
     check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected)
     check_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog)
-    check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected)
+    check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog)
     check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster)
     check_steps_that_kill_every_actor_making_them_are_named(cluster)
     check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster, monkeypatch)
@@ -640,6 +652,7 @@ def bookkeeping(spec):
     class Engine(RayEngine):
         def __init__(self):
             self._alive, self._pids = list(range(spec.n)), [7 + i for i in range(spec.n)]
+            self._nodes = ["10.0.0.2, node 0316a2f4"] * spec.n
             self._pending, self._killed, self._spec, self._turn = {}, {}, spec, 0
             self._location = "a source".format
 
@@ -709,11 +722,11 @@ def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
     killed = []
 
     class Made:
-        pid = SimpleNamespace(remote=lambda: "pid")
+        where = SimpleNamespace(remote=lambda: "where")
 
     def stream_engine(close_in):
-        fake = SimpleNamespace(_closed=False, _actors=["lost"], _pids=[1], _maker_ref=None,
-                               cancel_actor=lambda actor: None)
+        fake = SimpleNamespace(_closed=False, _actors=["lost"], _pids=[1], _nodes=["a"],
+                               _maker_ref=None, cancel_actor=lambda actor: None)
 
         def close():
             fake._closed, fake._actors = True, []
@@ -722,7 +735,7 @@ def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
             if close_in == "get":
                 close()
                 raise RuntimeError("actor died")  # (killed by close())
-            return 9
+            return 9, "10.0.0.2, node 0316a2f4"
 
         def remote(*args):
             if close_in == "remote":
@@ -742,6 +755,7 @@ def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
     running = stream_engine(None)
     restart_actor(running, 0, "")
     assert isinstance(running._actors[0], Made) and running._pids == [9]
+    assert running._nodes == ["10.0.0.2, node 0316a2f4"]
 
 
 def test_a_task_waits_timeout_s_for_itself_and_each_task_its_actor_runs_before_it():

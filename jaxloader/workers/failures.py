@@ -39,10 +39,11 @@ from jaxloader.workers.protocol import Failed, chain
 from jaxloader.workers.status import StatusBoard
 
 
-def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
+def raised(worker: int, pid: int | str, failed: Failed, where: Callable[[int], str],
            who: str = "worker", maker: Any = None) -> tuple[WorkerError, BaseException | None]:
     """The error for worker ``worker``'s failure report, and its cause (``where(step)`` names
-    a step; ``who``: what the worker is, a Ray actor's ``"Ray actor"``; ``maker``: the
+    a step; ``who``: what the worker is, a Ray actor's ``"Ray actor"``, whose ``pid`` says
+    its node too; ``maker``: the
     loader's batch maker, whose source's memory-mapped files changed since it was made are
     said where the worker failed to start)."""
     doing = "while starting (loading the payload or running worker_init_fn)"
