@@ -638,3 +638,24 @@ def test_a_key_named_twice_is_refused_naming_it_not_the_length():
     # it said the row length 8, a valid one, was not >= 1
     with pytest.raises(jl.ConfigError, match=r"PackedSource\(keys=...\): 't' is named twice"):
         jl.PackedSource(_Tokens([[1, 2]]), ["t", "t"], 8)
+
+
+def test_a_key_named_as_another_keys_field_is_refused_not_overwritten():
+    # ["a", "a_positions"]: a's positions were replaced by the other key's tokens, and a stream's
+    # segment ids by a field of the records, padding no longer 0 (the sources audit)
+    ragged = jl.RaggedSource.from_sequences({"a": [[1, 2], [3]], "a_positions": [[10], [20, 30]]})
+    with pytest.raises(jl.ConfigError, match=r"PackedSource\(keys=...\): the keys 'a' and "
+                                             r"'a_positions' both make a field 'a_positions' .* "
+                                             r"rename 'a_positions' in the records"):
+        jl.PackedSource(ragged, ["a", "a_positions"], 4, seed=None)
+
+    def records(shard):
+        yield {"a": np.array([1, 2], np.int32), "a_segment_ids": np.array([7, 7], np.int32)}
+
+    stream = jl.Stream.from_generator(records, shards=1)
+    with pytest.raises(jl.ConfigError, match=r"PackedStream\(key\): the keys 'a' and "
+                                             r"'a_segment_ids' both make a field"):
+        jl.PackedStream(stream, ["a", "a_segment_ids"], 4)
+    packed = jl.PackedSource(ragged, ["a_positions"], 4, seed=None)  # (alone: its own fields)
+    assert sorted(packed[0]) == ["a_positions", "a_positions_positions",
+                                 "a_positions_segment_ids"]

@@ -39,8 +39,8 @@ from jaxloader.base.checks import MASK64, Int, check_int, record_index, scalar_i
 from jaxloader.base.loader_names import loader_names
 from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import (PackedRows, check_fill, fill_values, fills_said,
-                                         record_tokens)
+from jaxloader.plans.packed_rows import (PackedRows, check_field_names, check_fill, fill_values,
+                                         fills_said, record_tokens)
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
@@ -108,6 +108,7 @@ class PackedSource:
         if twice is not None:  # (it failed as a row length, a valid one, named wrong)
             raise ConfigError(f"PackedSource(keys=...): {twice!r} is named twice in "
                               f"{self.keys}; name each key once")
+        check_field_names("PackedSource(keys=...)", self.keys)
         self.row_length = _row_lengths(length, self.keys)
         self._fills = fill_values("PackedSource(value=...)", value, self.keys)
         if seed is not None:  # (NumPy's ints too; not True)

@@ -60,8 +60,36 @@ class PackedRows:
 
     def fields(self, key: str) -> dict[str, np.ndarray]:
         """The rows' fields: ``key``, ``key_segment_ids`` and ``key_positions``."""
-        return {key: self.tokens, f"{key}_segment_ids": self.ids,
-                f"{key}_positions": self.positions}
+        return dict(zip(self.names(key), (self.tokens, self.ids, self.positions)))
+
+    @staticmethod
+    def names(key: str) -> tuple[str, str, str]:
+        """The names of ``key``'s fields, as ``fields`` gives them."""
+        return key, f"{key}_segment_ids", f"{key}_positions"
+
+
+def check_field_names(where: str, keys: list[str]) -> None:
+    """Refuses keys of which one's field is another's: ``["a", "a_positions"]``, whose fields
+    were merged into one record, one of the two ``a_positions`` overwriting the other without
+    a word (the sources audit).
+
+    Example:
+        >>> try:
+        ...     check_field_names("PackedSource(keys=...)", ["a", "a_positions"])
+        ... except ConfigError as e:
+        ...     print(str(e)[:86])
+        PackedSource(keys=...): the keys 'a' and 'a_positions' both make a field 'a_positions'
+    """
+    made: dict[str, str] = {}
+    for key in keys:
+        for name in PackedRows.names(key):
+            if name in made and made[name] != key:
+                first, then = sorted((made[name], key), key=keys.index)
+                raise ConfigError(
+                    f"{where}: the keys {first!r} and {then!r} both make a field {name!r} (a key "
+                    "k makes k, k_segment_ids and k_positions), one overwriting the other; "
+                    f"rename {max(first, then, key=len)!r} in the records before they are packed")
+            made[name] = key
 
 
 @functools.lru_cache(maxsize=16)

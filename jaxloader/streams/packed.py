@@ -47,7 +47,7 @@ from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import Int, check_int, check_one_argument
 from jaxloader.base.loader_names import loader_names
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import check_fill, fill_values, fills_said
+from jaxloader.plans.packed_rows import check_field_names, check_fill, fill_values, fills_said
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.sources.code_digest import code_digests
 from jaxloader.streams.contract import StreamLike
@@ -107,6 +107,7 @@ class PackedStream:
         if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) < len(keys):
             raise ConfigError(f"PackedStream(key): expected the name of the token field (a "
                               f"str), or a list of names of fields as long as it, got {key!r}")
+        check_field_names("PackedStream(key)", keys)
         length = check_int("PackedStream(length)", length, low=1, remedy="tokens a row, e.g. 2048")
         if tokenize is not None and not callable(tokenize):
             raise ConfigError(f"PackedStream(tokenize): expected a function of a record, got "
