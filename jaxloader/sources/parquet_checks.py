@@ -52,6 +52,14 @@ def check_chosen(paths: Sequence[str], metas: list, schemas: list, first: int,
                 f"times (its columns: {list(other.names)}); a column is read by its name: write "
                 "the file again with names of their own (table.rename_columns), or pass "
                 "columns= others")
+        for name in wanted & set(other.names):
+            repeated = repeated_field(other.field(name).type, name)
+            if repeated is not None:  # (a record's dict kept the last field's values alone)
+                raise ConfigError(
+                    f"ParquetSource: column {name!r} of {path!r} holds the struct field "
+                    f"{repeated[0]!r} {repeated[1]} times ({other.field(name).type}); a field is "
+                    "read by its name, so the others' values would be lost: write the file again "
+                    "with fields of names of their own, or leave the column out with columns=")
     for c in chosen:
         zone = zone_in(schema.field(c).type)
         if zone is not None:  # (its times came out as UTC's datetime64, the zone dropped)
@@ -71,6 +79,37 @@ def check_chosen(paths: Sequence[str], metas: list, schemas: list, first: int,
             "every file with rows (every value missing: pandas writes an all-None column so), "
             "so no batch can hold it; leave it out with columns=, or write it with values and "
             "a type")
+
+
+def repeated_field(kind: Any, path: str) -> tuple[str, int] | None:
+    """The first field a struct in Arrow type ``kind`` holds twice, at any depth (in lists,
+    structs, maps), as ``(its path from column path, times)``; ``None`` where none.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> twice = pa.struct([("a", pa.int8()), ("a", pa.int8())])
+        >>> repeated_field(pa.list_(twice), "s"), repeated_field(pa.int8(), "s")
+        (('s[].a', 2), None)
+    """
+    import pyarrow as pa
+
+    if isinstance(kind, pa.BaseExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        counts = Counter(f.name for f in fields)
+        twice = next((f.name for f in fields if counts[f.name] > 1), None)
+        if twice is not None:
+            return f"{path}.{twice}", counts[twice]
+        inner = [(f"{path}.{f.name}", f.type) for f in fields]
+    elif pa.types.is_map(kind):
+        inner = [(f"{path}.key", kind.key_type), (f"{path}.value", kind.item_type)]
+    elif hasattr(kind, "value_type"):  # (lists of any kind, a dictionary's values)
+        inner = [(f"{path}[]", kind.value_type)]
+    else:
+        return None
+    return next((found for at, inner_kind in inner
+                 if (found := repeated_field(inner_kind, at)) is not None), None)
 
 
 def check_rows(paths: Sequence[str], metas: list, rows: list[int]) -> None:

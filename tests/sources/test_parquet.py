@@ -1459,6 +1459,20 @@ def test_a_column_twice_all_null_or_in_a_later_file_only_is_refused_naming_the_f
         jl.ParquetSource([tmp_path / "null.parquet", tmp_path / "values.parquet"])
 
 
+def test_a_struct_field_held_twice_is_refused_not_its_first_values_lost(tmp_path):
+    # struct<a, a>: the records held {"a": the second field's values}, the first's gone
+    # without a word (the sources audit); in a list of structs too
+    twice = pa.StructArray.from_arrays([pa.array([1, 2]), pa.array([30, 40])], names=["a", "a"])
+    listed = pa.ListArray.from_arrays(pa.array([0, 1, 2], pa.int32()), twice)
+    pq.write_table(pa.table({"s": twice, "l": listed, "x": [5, 6]}), tmp_path / "dup.parquet")
+    with pytest.raises(jl.ConfigError, match=r"column 'l' of '.*dup.parquet' holds the struct "
+                                             r"field 'l\[\].a' 2 times .* leave the column out"):
+        jl.ParquetSource(tmp_path / "dup.parquet", columns=["x", "l"])
+    with pytest.raises(jl.ConfigError, match=r"column 's' .* field 's.a' 2 times"):
+        jl.ParquetSource(tmp_path / "dup.parquet", columns=["s"])
+    assert jl.ParquetSource(tmp_path / "dup.parquet", columns=["x"])[1] == {"x": 6}
+
+
 def test_a_file_of_no_rows_may_hold_other_columns_or_types(tmp_path):
     # (an empty part of a folder, written from an empty frame of its own dtypes, was refused
     # as the files' schemas differing, and neither remedy named worked for it: a source of it
