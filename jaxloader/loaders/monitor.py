@@ -137,7 +137,8 @@ class AutoTune:
     def _memory_bound(self, active: int) -> int:
         """The most workers in half the memory they may have: what is free now and what the
         workers started hold (each the largest one's resident size). Half of what was free
-        each window, after the workers took some, let them grow to ~90% of it."""
+        each window, after the workers took some, let them grow to ~90% of it. Where the
+        slots are in /dev/shm, the fewer of that and ``_dev_shm_bound``'s."""
         started = self.pool.pids
         each = max((_resident_bytes(p) for p in started[:active]), default=0)
         bound = max(1, int(0.5 * (_available_bytes() + len(started) * each) // each)) if each \
