@@ -25,7 +25,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from jaxloader.base import read_threads
+from jaxloader.base import file_identity, read_threads
 from jaxloader.base.stats import queued_s
 from jaxloader.batching import jit_cpu
 from jaxloader.engines.in_process import Maker
@@ -74,6 +74,7 @@ class MakerActor:
         if place is not None:
             worker_info.set_info(worker_info.WorkerInfo(*place, self._maker.seed))
         self._where = (os.getpid(), node_label())
+        file_identity.RAY_NODE = self._where[1]  # (a file missing here: said of this node)
 
     def pid(self) -> int:
         return os.getpid()

@@ -170,6 +170,25 @@ def dies_at_37(r):
     return r
 
 
+def check_a_file_missing_on_an_actors_node_is_said_of_that_node(cluster, tmp_path):
+    # a file the training process's machine has and an actor's node has not (the first thing
+    # tried on a cluster) was "cannot read file ...: No such file", no node named (the Ray audit)
+    paths, folder = [], tmp_path / "files"
+    folder.mkdir()
+    for i in range(8):
+        paths.append(str(folder / f"{i}.bin"))
+        open(paths[-1], "wb").write(bytes([i]))
+    source = jl.FileListSource(paths)
+    os.remove(paths[5])  # (as on a node that never had it)
+    with jl.DataLoader(source, batch_size=4, workers=RayWorkers(1), process_index=0,
+                       process_count=1) as on_ray:
+        with pytest.raises(jl.WorkerError, match=rf"Ray actor 0 {ON_NODE} raised at step 1 .*"
+                                                 r"cannot read file .*5\.bin.*; or this Ray "
+                                                 r"actor's node \([\d.]+, node [0-9a-f]{8}\) "
+                                                 r"has no such file: .* gs://"):
+            list(on_ray)
+
+
 def check_steps_that_kill_every_actor_making_them_are_named(cluster):
     source = jl.ArraySource({"y": np.arange(64)})
     with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(dies_at_37)],
@@ -627,6 +646,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch, t
     check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog)
     check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster)
     check_steps_that_kill_every_actor_making_them_are_named(cluster)
+    check_a_file_missing_on_an_actors_node_is_said_of_that_node(cluster, tmp_path)
     check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster, monkeypatch)
     check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(cluster, caplog)
     check_an_actor_ray_restarts_takes_steps_again(cluster, caplog)

@@ -33,6 +33,23 @@ ENDS_BYTES = 1024  # a stream shard's first and last bytes, hashed into its iden
 _PARQUET_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and b"PAR1"
 _TAIL_BYTES = 64 << 10  # read at once from a Parquet file's end: its footer with them (pyarrow's
 # own first read of a footer is as long)
+RAY_NODE: str | None = None  # this process's node where it is a Ray actor (ray_actor sets it)
+
+
+def not_on_this_node(path: str) -> str:
+    """What a file missing in a Ray actor may mean, for its error (``""`` in other processes
+    and for a remote path): its node has no such file, where the training process's has.
+
+    Example:
+        >>> not_on_this_node("/data/a.parquet")  # (not in an actor: nothing to add)
+        ''
+    """
+    if RAY_NODE is None or "://" in path:
+        return ""
+    return (f"; or this Ray actor's node ({RAY_NODE}) has no such file: the actors open the "
+            "files by the paths the training process gave, so each node needs them there (on "
+            "storage every node mounts, or in a bucket: gs://, s3://), or use local workers "
+            "(num_workers=) where the files are")
 
 
 def open_binary(path: str) -> Any:
@@ -206,7 +223,8 @@ def changed_error(owner: str, path: str, then: list[int], now: list[int] | None,
     """The error for a file that is no longer the one ``owner`` read at construction (``now``:
     its identity now, ``None`` where it cannot be read whole), whose ``held`` (its rows, its
     records) the order names."""
-    what = ("it cannot be found or read whole now: moved, or being written?" if now is None
+    what = (f"it cannot be found or read whole now: moved, or being written?"
+            f"{not_on_this_node(path) if not os.path.exists(path) else ''}" if now is None
             else change(then, now, path, parquet=owner == "ParquetSource"))
     return RecordError(
         f"{owner}: file {path!r} changed while the loader reads it ({what}): its {held} are no "

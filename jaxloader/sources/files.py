@@ -126,7 +126,9 @@ class FileListSource:
             if file_identity.storage_failed(e):
                 raise file_identity.storage_failure("FileListSource", path,
                                                     f"record {index}", e) from e
-            raise OSError(f"FileListSource: cannot read file {path!r} (record {index}): {e}") from e
+            raise OSError(f"FileListSource: cannot read file {path!r} (record {index}): {e}" + (
+                file_identity.not_on_this_node(path) if isinstance(e, FileNotFoundError) else "")
+                          ) from e
         except MemoryError as e:  # (its message is empty: the file is what says why)
             raise MemoryError(f"FileListSource: file {path!r} (record {index}) does not fit "
                               "in this process's memory") from e

@@ -326,8 +326,8 @@ def open_error(path: str, error: OSError) -> OSError:
     if isinstance(error, FileNotFoundError):
         return FileNotFoundError(
             errno.ENOENT, "ParquetSource: the file is gone (deleted or moved since the source "
-            "was made); put it back, or make a new source and loader over the files there are",
-            path)
+            "was made); put it back, or make a new source and loader over the files there are"
+            f"{file_identity.not_on_this_node(path)}", path)
     return error
 
 

@@ -59,7 +59,9 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
             raise file_identity.storage_failure(type(shard).__name__, shard.path,
                                                 "its start", e) from e
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
-                          "path, or drop the shard from the stream") from None
+                          "path, or drop the shard from the stream" + (
+                              file_identity.not_on_this_node(shard.path)
+                              if isinstance(e, FileNotFoundError) else "")) from None
 
 
 def check_unchanged(shard: Any, state: dict) -> None:
