@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 import traceback
+from multiprocessing import resource_tracker
 from typing import Any
 
 from jaxloader.base.errors import JaxloaderError
@@ -130,15 +131,14 @@ class StackFiles:
             fd, path = self._files.pop()
             os.close(fd)
             if not path.startswith("memfd:"):
-                os.unlink(path)
+                _remove(path)
         while self._asks:
             write_end, read_end, name = self._asks.pop()
             os.close(write_end)
             if read_end != write_end:
                 os.close(read_end)
-            if not name.startswith("pipe:"):  # a FIFO in a directory of its own
-                os.unlink(name)
-                os.rmdir(os.path.dirname(name))
+            if not name.startswith("pipe:"):  # a FIFO
+                _remove(name)
 
 
 def _stack_file(worker: int, files: list[tuple[int, str]]) -> None:
@@ -160,8 +160,60 @@ def _stack_file(worker: int, files: list[tuple[int, str]]) -> None:
                     os.close(leftover)
             raise
         return
+    if _shm_dir_writable():
+        if _tracked(f"stack_{os.getpid()}_{worker}", lambda path: os.open(
+                path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600), files):
+            return
     fd, path = _temporary(tempfile.mkstemp, f"{shm.PREFIX}_stack_{worker}_")
     files.append((fd, path))
+
+
+def _shm_dir_writable() -> bool:
+    """Whether files can be made in /dev/shm (where there is one: Linux's)."""
+    return os.access(_SHM_DIR, os.W_OK | os.X_OK)
+
+
+_SHM_DIR = "/dev/shm"  # POSIX shared memory's folder (Linux): Python's resource tracker
+# unlinks a file there that a killed loader left, as it does the loader's POSIX segments
+
+
+def _tracked(kind: str, make: Any, made: list) -> str | None:
+    """A file ``make(path)`` makes and opens in /dev/shm, appended to ``made`` as
+    ``(its descriptor, path)`` and registered with the resource tracker, which unlinks it if
+    this process is killed (SIGKILL, SIGTERM: a temporary file was left in $TMPDIR for good);
+    ``None`` where /dev/shm refused it (the caller's fallback is tried)."""
+    name = f"{shm.PREFIX}_{kind}_{secrets.token_hex(4)}"
+    path = os.path.join(_SHM_DIR, name)
+    fd, registered = None, False
+    try:
+        fd = make(path)
+        resource_tracker.register("/" + name, "shared_memory")
+        registered = True
+        made.append((fd, path))
+    except BaseException as e:
+        if made and made[-1][1] == path:
+            raise  # (appended: the caller's cleanup releases it)
+        if fd is not None:
+            os.close(fd)
+        if not isinstance(e, FileExistsError) and os.path.lexists(path):  # (ours: made, then
+            os.unlink(path)  # a failure or a Ctrl-C before it was noted)
+        if registered:
+            resource_tracker.unregister("/" + name, "shared_memory")
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC,
+                                                   errno.ENOENT, errno.EPERM):
+            return None
+        raise
+    return path
+
+
+def _remove(path: str) -> None:
+    """Unlinks a file ``_tracked`` or ``_temporary`` made (and its folder, a FIFO's own)."""
+    os.unlink(path)
+    folder, name = os.path.split(path)
+    if folder == _SHM_DIR:
+        resource_tracker.unregister("/" + name, "shared_memory")
+    elif name == "ask":
+        os.rmdir(folder)
 
 
 def _temporary(make: Any, prefix: str) -> Any:
@@ -190,6 +242,15 @@ def _request_pipe(worker: int) -> tuple[int, int, str]:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # (the worker's open through /proc is a file of its own: blocking, whatever these are)
         return write_end, read_end, f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"
+    made: list[tuple[int, str]] = []
+    if _shm_dir_writable():
+        def fifo(path: str) -> int:
+            os.mkfifo(path, 0o600)
+            return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+        path = _tracked(f"ask_{os.getpid()}_{worker}", fifo, made)
+        if path is not None:
+            return made[0][0], made[0][0], path
     directory = _temporary(tempfile.mkdtemp, f"{shm.PREFIX}_ask_{worker}_")
     path = os.path.join(directory, "ask")
     try:

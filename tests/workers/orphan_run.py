@@ -2,7 +2,7 @@
 generator that blocks. Prints the workers' pids once both are inside it, then waits to be
 killed.
 
-    python orphan_run.py map|stream FOLDER
+    python orphan_run.py map|stream FOLDER [posix]
 """
 
 import json
@@ -21,6 +21,10 @@ def _inside(folder):
 
 def main() -> None:
     kind, folder = sys.argv[1], sys.argv[2]
+    if sys.argv[3:] == ["posix"]:  # what a system without memory files or /proc gets
+        from jaxloader.runtime import shm
+
+        shm.MEMFD_AVAILABLE = shm.PROC_FDS = False
 
     def asleep(record):
         _inside(folder)

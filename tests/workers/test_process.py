@@ -339,6 +339,34 @@ def test_workers_inside_user_code_end_with_a_killed_training_process(tmp_path, k
         trainer.wait()
 
 
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="Linux's /dev/shm")
+def test_a_killed_training_process_without_memory_files_leaves_no_file_behind(tmp_path):
+    # without memory files (no /proc: a sandbox) each worker's stack file and request pipe
+    # were temporary files, which a SIGKILL left in $TMPDIR for good (the containers audit);
+    # in /dev/shm, Python's resource tracker unlinks them as it does the batch slots
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "orphan_run.py"), "map",
+                                str(tmp_path), "posix"], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd(), "TMPDIR": str(temp)})
+    try:
+        assert len(json.loads(trainer.stdout.readline())) == 2  # (the workers run)
+        mine = f"_{trainer.pid}_"
+        made = [n for n in os.listdir("/dev/shm") if mine in n]
+        assert {n.split(mine)[0] for n in made} >= {"jaxloader_stack", "jaxloader_ask",
+                                                     "jaxloader"}, made  # (the slots)
+        trainer.kill()
+        trainer.wait(timeout=10)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(mine in n for n in os.listdir("/dev/shm")):
+            time.sleep(0.05)
+        assert [n for n in os.listdir("/dev/shm") if mine in n] == []
+        assert os.listdir(temp) == []
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
 def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_exits_at_once():
     # its parent is not the pid it was told: the parent died, and this process was reparented
     not_its_parent = os.getpid() + 1  # its parent is this process

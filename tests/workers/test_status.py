@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -466,6 +467,31 @@ def test_without_proc_the_workers_are_still_asked_for_their_stacks(monkeypatch):
         board.destroy()
 
 
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="Linux's /dev/shm")
+def test_stack_files_and_pipes_without_memory_files_are_in_dev_shm_and_let_go_at_destroy():
+    # (a killed loader's are unlinked by the resource tracker: test_process.py) made and
+    # destroyed, none is left, nor registered with the tracker, which says what it unlinks
+    script = textwrap.dedent("""
+        import os
+        from jaxloader.runtime import shm
+        from jaxloader.workers import stacks
+        shm.MEMFD_AVAILABLE = shm.PROC_FDS = False
+        files = stacks.StackFiles(2)
+        mine = stacks.WorkerStacks(*files.names(1))
+        print(sorted(name.split("_")[1] for name in os.listdir("/dev/shm")
+                     if f"_{os.getpid()}_" in name))
+        print(files.take([False, True])[1].startswith('Thread "MainThread"'))
+        mine.close()
+        files.destroy()
+        print([name for name in os.listdir("/dev/shm") if f"_{os.getpid()}_" in name])
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.stdout.splitlines() == ["['ask', 'ask', 'stack', 'stack']", "True", "[]"], \
+        done.stdout + done.stderr
+    assert "leaked" not in done.stderr, done.stderr
+
+
 def test_no_writable_temporary_folder_for_the_stack_files_is_named(monkeypatch, tmp_path):
     # a read-only container without /proc's memory files: a bare "No usable temporary
     # directory found in [...]" as the loader was made (the containers audit)
@@ -474,6 +500,7 @@ def test_no_writable_temporary_folder_for_the_stack_files_is_named(monkeypatch, 
     from jaxloader.runtime import shm
 
     monkeypatch.setattr(shm, "MEMFD_AVAILABLE", False)
+    monkeypatch.setattr(stacks, "_SHM_DIR", str(tmp_path / "no_dev_shm"))  # (nor /dev/shm)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
     with pytest.raises(jl.JaxloaderError, match=r"stack files: no writable temporary folder "
                                                 r".*set TMPDIR to a writable folder"):
