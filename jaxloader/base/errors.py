@@ -12,7 +12,7 @@ import os
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -22,31 +22,19 @@ class JaxloaderError(Exception):
     """Base class of every error raised by jaxloader itself."""
 
 
-class _Kept:
-    """A kept error's traceback, which a copy of the error goes without: a traceback cannot be
-    pickled, and an error sent to another process (a loader run in a ``ProcessPoolExecutor``)
-    was a ``TypeError`` where its ``WorkerError`` should have come."""
-
-    __slots__ = ("traceback",)
-
-    def __init__(self, traceback: TracebackType | None) -> None:
-        self.traceback = traceback
-
-    def __reduce__(self) -> tuple:
-        return (_Kept, (None,))
-
-
 def kept(error: E) -> E:
-    """``error`` as a broken loader keeps it, to raise at every later call (``again``), with
-    its traceback as of now: the frames from where it is kept down to its raise."""
-    error.__dict__["_kept_traceback"] = _Kept(error.__traceback__)
-    return error
+    """A copy of ``error`` for a broken loader to keep, and raise anew at every later call
+    (``again``): with no traceback, nor its causes. A traceback holds its frames, and each
+    finished frame the frame that called it (Python 3.11+), so a loader broken by a worker's
+    error, or that error kept once handled, held the training function's frame and its
+    locals (its model, its last batch and that batch's slot) as long as either was kept: 16
+    MiB a trial of a sweep that kept its loaders (the soak audit)."""
+    return _frameless(error)
 
 
 def again(error: E) -> E:
-    """``error`` (``kept``) to raise again, with its kept traceback: a raise adds the raiser's
-    frames to an exception's traceback, so a broken loader asked five times showed five calls'
-    frames (old notebook cells' among them) and kept their locals alive.
+    """A copy of ``error`` (``kept``) to raise: a raise gives an exception the raiser's frames
+    (a broken loader asked five times showed five calls' frames, and kept their locals alive).
 
     Example:
         >>> error = kept(WorkerError("worker 0 died"))
@@ -54,14 +42,42 @@ def again(error: E) -> E:
         ...     try:
         ...         raise again(error)
         ...     except WorkerError as e:
-        ...         frames, tb = 0, e.__traceback__
+        ...         frames, tb, said = 0, e.__traceback__, str(e)
         ...         while tb is not None:
         ...             frames, tb = frames + 1, tb.tb_next
-        >>> frames
-        1
+        >>> frames, error.__traceback__, said
+        (1, None, 'worker 0 died')
     """
-    held = error.__dict__.get("_kept_traceback")
-    return error.with_traceback(error.__traceback__ if held is None else held.traceback)
+    return _frameless(error)
+
+
+def _frameless(error: E, depth: int = 0) -> E:
+    """``error`` copied (its class, arguments, attributes and notes) with its cause and
+    context, themselves so copied where they hold a traceback; one that cannot be copied (an
+    ``__init__`` of other arguments than it keeps) is kept as it is."""
+    import copy
+
+    try:
+        made = copy.copy(error)
+    except Exception:  # noqa: BLE001 - (kept as it is: what it held stays held)
+        return error
+    for link in ("__cause__", "__context__"):
+        linked = getattr(error, link)
+        if linked is not None and depth < _LINKS and _holds_frames(linked, depth):
+            linked = _frameless(linked, depth + 1)
+        setattr(made, link, linked if depth < _LINKS else None)
+    made.__suppress_context__ = error.__suppress_context__
+    return made
+
+
+def _holds_frames(error: BaseException, depth: int) -> bool:
+    """Whether ``error`` or an exception it links to has a traceback."""
+    return error.__traceback__ is not None or depth < _LINKS and any(
+        linked is not None and _holds_frames(linked, depth + 1)
+        for linked in (error.__cause__, error.__context__))
+
+
+_LINKS = 16  # causes and contexts followed at most (a chain of more is cut there)
 
 
 class ConfigError(JaxloaderError, ValueError):

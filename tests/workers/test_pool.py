@@ -184,9 +184,10 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
     assert isinstance(e.value.__cause__, jl.RecordError)
     # the original error is the RecordError's cause, as in process (pickle keeps no cause)
     assert repr(e.value.__cause__.__cause__) == "ValueError('record thirteen is bad')"
-    with pytest.raises(jl.WorkerError) as again:  # broken is a state
-        iter(loader)
-    assert again.value is e.value
+    with pytest.raises(jl.WorkerError) as again:  # broken is a state: the same error, a copy
+        iter(loader)  # of it without the frames of the call that raised it first (the soak
+    assert again.value is not e.value and str(again.value) == str(e.value)  # audit)
+    assert repr(again.value.__cause__.__cause__) == repr(e.value.__cause__.__cause__)
     with pytest.raises(jl.WorkerError):
         next(it)
     frames = []  # (each raise of the kept error added its raiser's frames to its traceback:
@@ -201,6 +202,50 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
     import pickle  # (and it crosses to another process: a kept traceback cannot be pickled)
     assert str(pickle.loads(pickle.dumps(later.value))) == str(later.value)
     loader.close()
+
+
+class _Params:  # (a weakref can follow it: a model's parameters in a training function)
+    pass
+
+
+def test_a_broken_loader_or_its_error_kept_holds_nothing_of_the_function_that_ran_it():
+    # a loader broken by a worker's error kept that error, whose traceback held the frame of
+    # the function that iterated it, and so its locals (its model, its last batch and slot):
+    # 16 MiB a trial in a sweep that kept each trial's loader, closed; and an error kept with
+    # its __traceback__ dropped still held them, through a traceback the loader hid in it
+    # (the soak audit)
+    import gc
+    import weakref
+
+    def boom(r):
+        if int(r["y"]) == 13:
+            raise ValueError("record thirteen is bad")
+        return r
+
+    params, errors = [], []
+
+    def train(loader):
+        model = _Params()
+        params.append(weakref.ref(model))
+        for batch in loader:
+            pass
+
+    for keep in ("loader", "error"):
+        loader = jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(boom)], num_workers=1,
+                               process_index=0, process_count=1)
+        try:
+            train(loader)
+        except jl.WorkerError as e:
+            e.__traceback__ = None  # (the user's own: let go)
+            errors.append(e) if keep == "error" else None
+        with pytest.raises(jl.WorkerError, match="record thirteen is bad"):
+            train(loader)  # (raised again)
+        loader.close()
+        if keep == "error":
+            del loader
+        gc.collect()
+        assert [p() for p in params] == [None] * len(params), keep  # (each call's model)
+    assert "record thirteen is bad" in str(errors[0])
 
 
 def test_a_worker_dead_on_a_file_names_it_and_a_raised_error_names_it_once(tmp_path):
