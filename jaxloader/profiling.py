@@ -303,6 +303,9 @@ def _factory(target: str) -> Callable[..., Any]:
                               "pass path/to/file.py:make_loader or module:make_loader")
         module = importlib.util.module_from_spec(spec)
         sys.modules["_profiled"] = module
+        folder = os.path.dirname(os.path.abspath(where))  # (as `python file.py` puts it
+        if folder not in sys.path:  # first: its own modules beside it import; the workers
+            sys.path.insert(0, folder)  # get it with sys.path; the env audit)
         spec.loader.exec_module(module)
         import cloudpickle  # a worker cannot import it by that name: its code goes by value
 
@@ -315,7 +318,11 @@ def _factory(target: str) -> Callable[..., Any]:
                 raise  # a module the target's own code imports: its own error
             raise ConfigError(f"profile: no module {where!r} to import (from {target!r}); run "
                               "from the folder that holds it, or pass path/to/file.py:"
-                              f"{name}") from None
+                              f"{name}" + (" (Python runs in safe-path mode, PYTHONSAFEPATH or "
+                                           "-P: the folder it runs from is not on sys.path; "
+                                           "PYTHONPATH=. puts it there)"
+                                           if getattr(sys.flags, "safe_path", False) else "")
+                              ) from None
     if not hasattr(module, name):
         public = sorted(k for k, v in vars(module).items() if callable(v) and k[0] != "_")
         raise ConfigError(f"profile: {where!r} has no {name!r}; its functions: "

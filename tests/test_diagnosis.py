@@ -4,6 +4,7 @@ bottleneck injected on purpose gets its name (``loader.diagnose()``)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -542,6 +543,31 @@ def test_the_profile_command_names_a_bad_argument_without_a_traceback(argv, said
     with pytest.raises(SystemExit) as exited:  # (each was a traceback of an internal error)
         main(argv)
     assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_the_profile_commands_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    # `python train.py` finds train.py's own modules; `python -m jaxloader.profile
+    # train.py:make` did not: a bare ModuleNotFoundError (the env audit)
+    from jaxloader.profiling import _factory
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "_profiled", None)  # (put back after)
+    (tmp_path / "beside_profiled_x.py").write_text("SIZE = 3\n")
+    (tmp_path / "train_cfg.py").write_text("import beside_profiled_x\n\n\n"
+                                           "def make():\n    return beside_profiled_x.SIZE\n")
+    monkeypatch.delitem(sys.modules, "beside_profiled_x", raising=False)
+    assert _factory(f"{tmp_path}/train_cfg.py:make")() == 3
+    assert sys.path[0] == str(tmp_path)
+    # run from the module's own folder in safe-path mode: "run from the folder that holds
+    # it" alone, where the user was
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-P", "-m", "jaxloader.profile", "train_cfg:make"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 2 and "no module 'train_cfg' to import" in done.stderr and \
+        "safe-path mode, PYTHONSAFEPATH or -P: the folder it runs from is not on sys.path; " \
+        "PYTHONPATH=. puts it there" in done.stderr, done.stderr
 
 
 def test_copies_to_the_device_while_the_workers_idle_are_the_device():
