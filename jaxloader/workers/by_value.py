@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import random
 import sys
 import types
@@ -66,7 +67,27 @@ class GlobalsByName(cloudpickle.Pickler):
             return global_random, ("numpy",)
         if type(obj) is np.ndarray and not obj.dtype.hasobject and overlapping(obj):
             return from_span, span_bytes(obj)  # (windows: the bytes under them, not a copy
-        return super().reducer_override(obj)  # of each, which NumPy's own pickle makes)
+        # (of each, which NumPy's own pickle makes)
+        if isinstance(obj, (types.FunctionType, type)):
+            renamed_by_value(sys.modules.get(getattr(obj, "__module__", None) or ""))
+        return super().reducer_override(obj)
+
+
+def renamed_by_value(module: Any) -> None:
+    """Has cloudpickle send ``module`` by value where it was loaded from a file under another
+    name than the file's (``importlib.util.spec_from_file_location("cfg", "conf/x.py")``, as
+    config files are loaded): no folder on a worker's ``sys.path`` finds it by its name, and
+    the remedy said, that folder on ``sys.path``, found the file by its own name only (the env
+    audit). Registered for the process's life: no other process imports it by that name."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if not isinstance(origin, str) or not origin.endswith(".py") or module.__name__ in (
+            "__main__", "__mp_main__"):
+        return
+    path = module.__name__.replace(".", os.sep)
+    if not origin.endswith((os.sep + path + ".py", os.sep + path + os.sep + "__init__.py")) \
+            and module.__name__ not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(module)
 
 
 def script_by_value() -> None:

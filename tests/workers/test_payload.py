@@ -557,3 +557,35 @@ def test_a_sources_array_the_address_space_cannot_map_is_named_with_its_remedies
     assert said.startswith("the source's array 1 (") and "could not map" in said, said
     assert "raise the limit, or read it from a memory-mapped file" in said and "smaller" not in \
         said, said
+
+
+def test_a_module_loaded_from_a_file_under_another_name_crosses_by_value(tmp_path, monkeypatch):
+    # a config loaded with spec_from_file_location("cfg_...", "conf/helper.py"): the workers
+    # could not import it by that name, and the remedy said (its folder on sys.path) found
+    # the file by its own name only (the env audit)
+    import importlib.util
+    import sys
+
+    import cloudpickle
+
+    import jaxloader as jl
+
+    (tmp_path / "helper.py").write_text("def double(record):\n"
+                                        "    return {'x': record['x'] * 2}\n")
+    spec = importlib.util.spec_from_file_location("cfg_renamed_x", tmp_path / "helper.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "cfg_renamed_x", module)
+    spec.loader.exec_module(module)
+    try:
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=2,
+                           transforms=[jl.Map(module.double)], process_index=0,
+                           process_count=1) as loader:
+            assert [b["x"].tolist() for b in loader] == [[0, 2, 4, 6], [8, 10, 12, 14]]
+    finally:
+        if "cfg_renamed_x" in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.unregister_pickle_by_value(module)
+    # (one found by its name stays by reference: its workers import it)
+    from jaxloader.workers.by_value import renamed_by_value
+
+    renamed_by_value(sys.modules["jaxloader.workers.by_value"])
+    assert "jaxloader.workers.by_value" not in cloudpickle.list_registry_pickle_by_value()
