@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import warnings
@@ -51,10 +52,17 @@ def started(label: str, pool: Any) -> None:
     ``MANY_OPEN`` (or twice, four times as many) pools open in this process."""
     with _LOCK:
         _POOLS.add(pool)
-        running = [n for n in (_running(each.pids) for each in list(_POOLS)) if n]
+        running = _counts()
     times, rest = divmod(len(running), MANY_OPEN)
     if not times or rest or times & (times - 1):
         return
+    # loaders only a cycle holds (a notebook's interrupted cells: IPython keeps each
+    # traceback it replaced in one) are closed by a collection, not counted (the env audit);
+    # outside the lock, which a collected loader's close takes
+    gc.collect()
+    with _LOCK:
+        if len(running := _counts()) < times * MANY_OPEN:
+            return
     warnings.warn(
         f"{label}: {len(running)} loaders with workers are open in this "
         f"process, with {sum(running)} worker processes and their batch slots (memory, a "
@@ -66,6 +74,11 @@ def started(label: str, pool: Any) -> None:
         "(IPython keeps the last three shown there past the reset)",
         JaxloaderWarning,
         stacklevel=user_stacklevel())
+
+
+def _counts() -> list[int]:
+    """The workers running of each pool open that has any."""
+    return [n for n in (_running(each.pids) for each in list(_POOLS)) if n]
 
 
 def _running(pids: list[int]) -> int:
