@@ -13,7 +13,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 E = TypeVar("E", bound=BaseException)
 
@@ -53,28 +53,61 @@ def again(error: E) -> E:
 
 def _frameless(error: E, depth: int = 0) -> E:
     """``error`` copied (its class, arguments, attributes and notes) with its cause and
-    context, themselves so copied where they hold a traceback; one that cannot be copied (an
-    ``__init__`` of other arguments than it keeps) is kept as it is."""
+    context, themselves so copied where they hold a traceback. One that cannot be copied as
+    it reads (an ``__init__`` of other arguments than it keeps: its copy fails, or says other
+    text) is, as a link, a stand-in of its type's name and text; a group's exceptions are
+    copied with it."""
     import copy
 
+    made: Any = None
     try:
-        made = copy.copy(error)
-    except Exception:  # noqa: BLE001 - (kept as it is: what it held stays held)
-        return error
+        if isinstance(error, BaseExceptionGroup):
+            made = error.derive([_frameless(e, depth + 1) for e in error.exceptions])
+            made.__dict__.update(error.__dict__)
+        else:
+            made = copy.copy(cast(BaseException, error))
+        alike = type(made) is type(error) and str(made) == str(error)
+    except Exception:  # noqa: BLE001 - (a stand-in below)
+        alike = False
+    if not alike:
+        if depth == 0:
+            return error  # (the loader's own WorkerError copies; another kind is kept as is)
+        return cast(E, _StandIn(f"{type(error).__module__}.{type(error).__qualname__}: "
+                                f"{error}"))
+    if "__notes__" in error.__dict__:  # (its own list: a note added to one raised is not
+        made.__notes__ = list(error.__notes__)  # said by every later one)
+    seen = _Seen()
     for link in ("__cause__", "__context__"):
         linked = getattr(error, link)
-        if linked is not None and depth < _LINKS and _holds_frames(linked, depth):
+        if linked is not None and depth < _LINKS and seen.holds_frames(linked, depth):
             linked = _frameless(linked, depth + 1)
         setattr(made, link, linked if depth < _LINKS else None)
     made.__suppress_context__ = error.__suppress_context__
     return made
 
 
-def _holds_frames(error: BaseException, depth: int) -> bool:
-    """Whether ``error`` or an exception it links to has a traceback."""
-    return error.__traceback__ is not None or depth < _LINKS and any(
-        linked is not None and _holds_frames(linked, depth + 1)
-        for linked in (error.__cause__, error.__context__))
+class _StandIn(Exception):
+    """An exception of a broken loader's error's chain that could not be copied without its
+    frames: its type's name and text."""
+
+
+class _Seen:
+    """What the exceptions of a chain were found to hold (a cause that is also the context:
+    each looked at once, where a chain of 20 took 2**20 looks)."""
+
+    def __init__(self) -> None:
+        self._found: dict[int, bool] = {}
+
+    def holds_frames(self, error: BaseException, depth: int) -> bool:
+        """Whether ``error``, an exception it links to or one of its group holds a
+        traceback."""
+        if id(error) in self._found or depth > _LINKS:  # (one being looked at: a cycle)
+            return self._found.get(id(error), False)
+        self._found[id(error)] = False
+        linked = [error.__cause__, error.__context__, *getattr(error, "exceptions", ())]
+        found = self._found[id(error)] = error.__traceback__ is not None or any(
+            e is not None and self.holds_frames(e, depth + 1) for e in linked)
+        return found
 
 
 _LINKS = 16  # causes and contexts followed at most (a chain of more is cut there)

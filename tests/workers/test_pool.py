@@ -248,6 +248,42 @@ def test_a_broken_loader_or_its_error_kept_holds_nothing_of_the_function_that_ra
     assert "record thirteen is bad" in str(errors[0])
 
 
+class _Custom(Exception):  # (an __init__ of other arguments than it keeps: copy.copy fails)
+    def __init__(self, path, code):
+        super().__init__(f"{path}: {code}")
+
+
+def test_a_kept_errors_causes_hold_no_frames_and_its_notes_are_its_own():
+    # (the review) a cause copy.copy could not copy was kept as it was, its traceback with
+    # it; a group's exceptions too; and a note added to an error raised again was said by
+    # every later one
+    import gc
+    import weakref
+
+    from jaxloader.base.errors import again, kept
+
+    def train():
+        model = _Params()
+        try:
+            try:
+                raise _Custom("/data/x", 3)
+            except _Custom as c:
+                group = ExceptionGroup("reads", [c])
+                raise jl.WorkerError("worker 0 raised") from group
+        except jl.WorkerError as e:
+            e.add_note("a note")
+            return kept(e), weakref.ref(model)
+
+    error, model = train()
+    gc.collect()
+    assert model() is None  # (nothing of train() held)
+    assert isinstance(error.__cause__, ExceptionGroup)
+    assert str(error.__cause__.exceptions[0]).endswith("_Custom: /data/x: 3")
+    raised = again(error)
+    raised.add_note("the user's")
+    assert error.__notes__ == ["a note"] and raised.__notes__ == ["a note", "the user's"]
+
+
 def test_a_worker_dead_on_a_file_names_it_and_a_raised_error_names_it_once(tmp_path):
     # (the video audit: a worker killed decoding one clip, a batch each, was named by its step
     # and positions alone; the review: the file named twice where the error names its record)
