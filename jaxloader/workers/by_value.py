@@ -68,7 +68,9 @@ class GlobalsByName(cloudpickle.Pickler):
         if type(obj) is np.ndarray and not obj.dtype.hasobject and overlapping(obj):
             return from_span, span_bytes(obj)  # (windows: the bytes under them, not a copy
         # (of each, which NumPy's own pickle makes)
-        if isinstance(obj, (types.FunctionType, type)):
+        if isinstance(obj, types.ModuleType):  # (a function that reads cfg.SCALE: the
+            renamed_by_value(obj)  # module itself crosses)
+        elif isinstance(obj, (types.FunctionType, type)):
             renamed_by_value(sys.modules.get(getattr(obj, "__module__", None) or ""))
         return super().reducer_override(obj)
 
@@ -84,10 +86,34 @@ def renamed_by_value(module: Any) -> None:
     if not isinstance(origin, str) or not origin.endswith(".py") or module.__name__ in (
             "__main__", "__mp_main__"):
         return
-    path = module.__name__.replace(".", os.sep)
-    if not origin.endswith((os.sep + path + ".py", os.sep + path + os.sep + "__init__.py")) \
-            and module.__name__ not in cloudpickle.list_registry_pickle_by_value():
-        cloudpickle.register_pickle_by_value(module)
+    name = module.__name__
+    path = name.replace(".", os.sep)
+    if origin.endswith((os.sep + path + ".py", os.sep + path + os.sep + "__init__.py")) or \
+            name in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
+        return
+    if _found_by_name(name):  # (a finder's alias, a package folder of another name: the
+        _FOUND.add(name)  # workers import it so; registered, the whole process's pickles of
+        return  # its functions would change)
+    cloudpickle.register_pickle_by_value(module)
+
+
+_FOUND: set[str] = set()  # modules of another file name that a finder finds by their name
+
+
+def _found_by_name(name: str) -> bool:
+    """Whether a finder of ``sys.meta_path`` finds module ``name`` by its name (setuptools'
+    distutils shim and vendored aliases, an editable install mapping a package to a folder
+    of another name), as a worker's import would."""
+    parent = name.rpartition(".")[0]
+    path = getattr(sys.modules.get(parent), "__path__", None) if parent else None
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        try:
+            if find is not None and find(name, path) is not None:
+                return True
+        except Exception:  # noqa: BLE001 - (a finder that fails: not found by it)
+            continue
+    return False
 
 
 def script_by_value() -> None:

@@ -570,20 +570,30 @@ def test_a_module_loaded_from_a_file_under_another_name_crosses_by_value(tmp_pat
 
     import jaxloader as jl
 
-    (tmp_path / "helper.py").write_text("def double(record):\n"
+    (tmp_path / "helper.py").write_text("SCALE = 3\n\n\ndef double(record):\n"
                                         "    return {'x': record['x'] * 2}\n")
-    spec = importlib.util.spec_from_file_location("cfg_renamed_x", tmp_path / "helper.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "cfg_renamed_x", module)
-    spec.loader.exec_module(module)
+    modules = []
+    for name in ("cfg_renamed_x", "cfg_renamed_y"):
+        spec = importlib.util.spec_from_file_location(name, tmp_path / "helper.py")
+        modules.append(importlib.util.module_from_spec(spec))
+        monkeypatch.setitem(sys.modules, name, modules[-1])
+        spec.loader.exec_module(modules[-1])
+    module, read = modules
     try:
         with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=2,
                            transforms=[jl.Map(module.double)], process_index=0,
                            process_count=1) as loader:
             assert [b["x"].tolist() for b in loader] == [[0, 2, 4, 6], [8, 10, 12, 14]]
+        # (a function of the script that reads the module: the module itself crosses; the
+        # review)
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=4, num_workers=1,
+                           transforms=[jl.Map(lambda r: {"x": r["x"] * read.SCALE})],
+                           process_index=0, process_count=1) as loader:
+            assert [b["x"].tolist() for b in loader] == [[0, 3, 6, 9]]
     finally:
-        if "cfg_renamed_x" in cloudpickle.list_registry_pickle_by_value():
-            cloudpickle.unregister_pickle_by_value(module)
+        for made in modules:
+            if made.__name__ in cloudpickle.list_registry_pickle_by_value():
+                cloudpickle.unregister_pickle_by_value(made)
     # (one found by its name stays by reference: its workers import it)
     from jaxloader.workers.by_value import renamed_by_value
 
