@@ -65,7 +65,7 @@ class StackFiles:
         try:
             for i in range(num_workers):
                 _stack_file(i, self._files)
-                self._asks.append(_request_pipe(i))
+                _request_pipe(i, self._asks)
         except BaseException:
             self.destroy()
             raise
@@ -177,9 +177,10 @@ _SHM_DIR = "/dev/shm"  # POSIX shared memory's folder (Linux): Python's resource
 # unlinks a file there that a killed loader left, as it does the loader's POSIX segments
 
 
-def _tracked(kind: str, make: Any, made: list) -> str | None:
+def _tracked(kind: str, make: Any, made: list, both: bool = False) -> str | None:
     """A file ``make(path)`` makes and opens in /dev/shm, appended to ``made`` as
-    ``(its descriptor, path)`` and registered with the resource tracker, which unlinks it if
+    ``(its descriptor, path)`` (``both``: ``(it, it, path)``, a FIFO's two ends in one
+    descriptor) and registered with the resource tracker, which unlinks it if
     this process is killed (SIGKILL, SIGTERM: a temporary file was left in $TMPDIR for good);
     ``None`` where /dev/shm refused it (the caller's fallback is tried)."""
     name = f"{shm.PREFIX}_{kind}_{secrets.token_hex(4)}"
@@ -187,11 +188,12 @@ def _tracked(kind: str, make: Any, made: list) -> str | None:
     fd, registered = None, False
     try:
         fd = make(path)
-        resource_tracker.register("/" + name, "shared_memory")
-        registered = True
-        made.append((fd, path))
+        # (noted in the same line: a name unregistered that was not registered is a
+        # traceback of the tracker's, one registered and unlinked a warning at exit)
+        registered = resource_tracker.register("/" + name, "shared_memory") or True
+        made.append((fd, fd, path) if both else (fd, path))
     except BaseException as e:
-        if made and made[-1][1] == path:
+        if made and made[-1][-1] == path:
             raise  # (appended: the caller's cleanup releases it)
         if fd is not None:
             os.close(fd)
@@ -207,8 +209,12 @@ def _tracked(kind: str, make: Any, made: list) -> str | None:
 
 
 def _remove(path: str) -> None:
-    """Unlinks a file ``_tracked`` or ``_temporary`` made (and its folder, a FIFO's own)."""
-    os.unlink(path)
+    """Unlinks a file ``_tracked`` or ``_temporary`` made (and its folder, a FIFO's own); one
+    gone already (``rm /dev/shm/jaxloader*``, systemd's RemoveIPC at logout) is let go."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
     folder, name = os.path.split(path)
     if folder == _SHM_DIR:
         resource_tracker.unregister("/" + name, "shared_memory")
@@ -232,7 +238,7 @@ def _temporary(make: Any, prefix: str) -> Any:
             "num_workers=0") from e
 
 
-def _request_pipe(worker: int) -> tuple[int, int, str]:
+def _request_pipe(worker: int, asks: list[tuple[int, int, str]]) -> None:
     """A pipe through which the main process asks worker ``worker`` for its stacks: (this
     process's write end, non-blocking; its read end; the name the worker opens a read end
     by). Where ``/proc`` is, an anonymous pipe opened through it; else a FIFO in a directory
@@ -241,16 +247,16 @@ def _request_pipe(worker: int) -> tuple[int, int, str]:
     if shm.PROC_FDS:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # (the worker's open through /proc is a file of its own: blocking, whatever these are)
-        return write_end, read_end, f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"
-    made: list[tuple[int, str]] = []
+        asks.append((write_end, read_end,
+                     f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"))
+        return
     if _shm_dir_writable():
         def fifo(path: str) -> int:
             os.mkfifo(path, 0o600)
             return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-        path = _tracked(f"ask_{os.getpid()}_{worker}", fifo, made)
-        if path is not None:
-            return made[0][0], made[0][0], path
+        if _tracked(f"ask_{os.getpid()}_{worker}", fifo, asks, both=True) is not None:
+            return  # (noted in asks as it was made: a Ctrl-C after is StackFiles' to undo)
     directory = _temporary(tempfile.mkdtemp, f"{shm.PREFIX}_ask_{worker}_")
     path = os.path.join(directory, "ask")
     try:
@@ -261,7 +267,7 @@ def _request_pipe(worker: int) -> tuple[int, int, str]:
             os.unlink(path)
         os.rmdir(directory)
         raise
-    return fd, fd, path
+    asks.append((fd, fd, path))
 
 
 class WorkerStacks:
