@@ -330,7 +330,7 @@ class RayEngine:
             self.gauges.makers[actor].add_queued(timings[-2])
         # restarted by Ray with no task lost: it had none in flight, or Ray made them again
         # (its max_task_retries)
-        if where[0] != self._pids[actor]:
+        if tuple(where) != (self._pids[actor], self._nodes[actor]):  # (a pid on 2 nodes)
             was = self.who(actor)
             self._pids[actor], self._nodes[actor] = where
             log.info("%s was restarted by Ray: now pid %s on %s", was, *where)

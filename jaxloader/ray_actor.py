@@ -4,15 +4,18 @@
 
     MakerActor(payload, *actor_arguments(i, n))
                                     the maker unpickled once (its arrays the object store's)
-      .make(first, count)           steps first .. first + count - 1: (batches, timings, pid,
-                                    failed)
+      .where()                      (its pid, its node: node_label's)
+      .make(first, count)           steps first .. first + count - 1: (batches, timings,
+                                    where, failed)
       .make_stream(first, count, stride, reset)
                                     a stream's steps of the readers it hosts, each batch with
-                                    its reader's state after it: (made, timings, pid, failed)
+                                    its reader's state after it: (made, timings, where,
+                                    failed)
 
 ``failed``: ``None``, or a step that raised (``workers.protocol.Failed``: its exception and
 traceback), the batches before it made: they are handed out first, as a local worker's are.
-(The pid with each task: an actor Ray restarted while it had no task is seen by its next.)
+(Its pid and node with each task: an actor Ray restarted while it had no task is seen by its
+next.)
 """
 
 from __future__ import annotations

@@ -173,8 +173,10 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     except Exception as e:
         if engine._closed:  # (killed by close() as it started: not the cluster's doing)
             raise closed() from e
+        remedy = ("fix what its start raised (the source's or a transform's unpickling, or "
+                  "worker_init_fn)" if getattr(e, "_actor_init_failed", False) else
+                  f"the cluster has {ray.available_resources()} free: add nodes")
         raise WorkerError(
             f"Ray actor {actor} is gone and no new one started within "
-            f"{spec.start_timeout_s:.0f} s ({lost_reason(e)}); {lost}; the cluster has "
-            f"{ray.available_resources()} free: add nodes, then create a new loader (or "
-            "restore its last state into one)") from e
+            f"{spec.start_timeout_s:.0f} s ({lost_reason(e)}); {lost}; {remedy}, then create "
+            "a new loader (or restore its last state into one)") from e

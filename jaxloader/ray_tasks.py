@@ -210,18 +210,24 @@ def actor_text(actor: int, pid: int | None, node: str | None) -> str:
 
 def lost_reason(error: BaseException) -> str:
     r"""What Ray says an actor was lost of, short: its reason (the process died, and how; its
-    node did, and why) without the fields it lists of the actor first; else its first line.
+    node did, and why) without the fields it lists of the actor first; where its start raised,
+    that and the error's last line (the review: a traceback's head, cut before its error);
+    else (Ray's memory monitor's kill, a timeout) its message from its first line.
 
     Example:
         >>> lost_reason(RuntimeError("The actor died.\n\tpid: 7\n\tip: 10.0.0.2\nThe actor "
         ...     "died because its node has died.\n\tthe node was terminated: received SIGTERM"))
         'RuntimeError: The actor died because its node has died. the node was terminated: ...'
     """
-    lines = str(error).splitlines()
-    rest = lines[1:]
-    while rest and rest[0].startswith("\t"):  # (class_name, actor_id, pid, ip: named by us)
-        rest.pop(0)
-    text = " ".join(line.strip() for line in rest or lines[:1] if line.strip())
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()  # (Ray's, in colour)
+    if len(lines) > 1 and lines[1].startswith("\t"):  # "The actor died ...", its fields
+        lines = lines[1:]
+        while lines and lines[0].startswith("\t"):  # (class_name, actor_id, pid, ip: named
+            lines.pop(0)  # by us)
+    elif getattr(error, "_actor_init_failed", False) or "Traceback (most" in str(error):
+        last = next((line for line in reversed(lines) if line.strip()), "")
+        lines = [lines[0][:_REASON_CHARS // 2] + " ...", last.strip()[:_REASON_CHARS // 2]]
+    text = " ".join(line.strip() for line in lines if line.strip())
     text = text.split(" If the process was killed by the kernel OOM")[0]  # (Ray's advice on
     if len(text) > _REASON_CHARS:  # its own options; its list of causes, the OOM killer's
         text = text[:_REASON_CHARS - 3].rstrip() + "..."  # first, is kept)
@@ -244,8 +250,9 @@ def all_gone(last: str, error: BaseException, first: int, stop: int) -> WorkerEr
 def lost_errors(ray: Any) -> tuple:
     """Ray's errors for an actor (or its object) gone: its steps are made again."""
     errors = ray.exceptions
-    return tuple(getattr(errors, name) for name in (
-        "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
+    return tuple(getattr(errors, name) for name in (  # (OutOfMemoryError: Ray's memory
+        "RayActorError", "ActorUnavailableError", "ObjectLostError", "OutOfMemoryError")
+        if hasattr(errors, name))  # monitor killed it, which its steps may not do elsewhere)
 
 
 MAX_STEPS = 32  # steps a task at most

@@ -726,6 +726,48 @@ def test_steps_that_every_actor_of_fewer_than_three_did_not_make_in_time_are_nam
         closed._lose(0, RuntimeError("killed"), deque([(4, 8, 0, None)]))
 
 
+def test_an_actor_ray_restarted_on_another_node_with_the_same_pid_is_named_by_it(caplog):
+    # (the review) a restart was told by the pid alone: one on another node with the same pid
+    # (each container numbers its own) left every later message naming the dead node
+    from jaxloader.base.timings import Gauges
+
+    engine = bookkeeping(RayWorkers(1))
+    engine.gauges = Gauges(1, counted=False)
+    caplog.set_level(logging.INFO, logger="jaxloader")
+    engine.made_by(0, (7, "10.0.0.3, node 5679ee89"), (0.0, 0.0, 0.0))  # (begun before reset)
+    assert engine.who(0) == "Ray actor 0 (pid 7 on 10.0.0.3, node 5679ee89)"
+    assert "Ray actor 0 (pid 7 on 10.0.0.2, node 0316a2f4) was restarted by Ray: now pid 7 on " \
+        "10.0.0.3, node 5679ee89" in caplog.text
+
+
+def test_rays_reasons_are_said_short_with_what_they_name():
+    # (the review) Ray's memory monitor's kill escaped as a bare OutOfMemoryError, its steps
+    # not made elsewhere; an actor whose start raised was said by its traceback's head, cut
+    # before the error; Ray's memory message lost its first line, which names the node
+    from jaxloader.ray_tasks import lost_errors, lost_reason
+
+    assert ray.exceptions.OutOfMemoryError in lost_errors(ray)
+
+    class ActorDiedError(Exception):
+        _actor_init_failed = True
+
+    init = ActorDiedError("The actor died because of an error raised in its creation task, "
+                          "ray::MakerActor.__init__() (pid=7, ip=10.0.0.2)\n" + "  File "
+                          "x.py, line 3, in f\n    ^^^^^^^^\n" * 40 + "FileNotFoundError: "
+                          "[Errno 2] No such file or directory: '/data/vocab.json'\n")
+    said = lost_reason(init)
+    assert said.startswith("ActorDiedError: The actor died because of an error raised in its "
+                           "creation task") and said.endswith("No such file or directory: "
+                                                              "'/data/vocab.json'"), said
+    memory = RuntimeError("2 worker(s) were killed due to the node running low on memory. "
+                          "Memory on the node (IP: 10.0.0.2, ID: 8ceff4) was 3.54GB used / "
+                          "23.54GB limit\nOOM kill reason: Memory usage exceeded threshold")
+    assert lost_reason(memory).startswith("RuntimeError: 2 worker(s) were killed due to the node "
+                                          "running low on memory. Memory on the node (IP: "
+                                          "10.0.0.2")
+    assert lost_reason(RuntimeError("\x1b[31mred\x1b[0m")) == "RuntimeError: red"
+
+
 def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
     """A close() from another thread landing inside _lose (the last actor dropped) said
     "every Ray actor is gone ... check the cluster's nodes"; inside a stream's restart_actor,
@@ -755,6 +797,10 @@ def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
             if close_in == "get":
                 close()
                 raise RuntimeError("actor died")  # (killed by close())
+            if close_in == "init":  # (its start raised: not the cluster's room; the review)
+                raise type("ActorDiedError", (Exception,), {"_actor_init_failed": True})(
+                    "The actor died because of an error raised in its creation task\n"
+                    "FileNotFoundError: vocab.json")
             return 9, "10.0.0.2, node 0316a2f4"
 
         def remote(*args):
@@ -772,6 +818,12 @@ def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
             restart_actor(stream_engine(close_in), 0, "steps 4..7 are not made")
         assert not isinstance(raised.value, jl.WorkerError)
     assert len(killed) == 1 and isinstance(killed[0], Made)  # (the new actor: not left on)
+    with pytest.raises(jl.WorkerError, match=r"no new one started within 120 s \(ActorDiedError: "
+                                             r"The actor died because of an error raised in its "
+                                             r"creation task ... FileNotFoundError: vocab.json\); "
+                                             r"steps 4..7 are not made; fix what its start "
+                                             r"raised .*, then create a new loader"):
+        restart_actor(stream_engine("init"), 0, "steps 4..7 are not made")
     running = stream_engine(None)
     restart_actor(running, 0, "")
     assert isinstance(running._actors[0], Made) and running._pids == [9]
