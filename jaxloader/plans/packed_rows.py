@@ -88,7 +88,8 @@ def check_field_names(where: str, keys: list[str]) -> None:
                 raise ConfigError(
                     f"{where}: the keys {first!r} and {then!r} both make a field {name!r} (a key "
                     "k makes k, k_segment_ids and k_positions), one overwriting the other; "
-                    f"rename {max(first, then, key=len)!r} in the records before they are packed")
+                    f"rename {max(first, then, key=len)!r} in the records before they are packed"
+                    + (" (in what tokenize returns)" if where.startswith("PackedStream") else ""))
             made[name] = key
 
 
