@@ -58,7 +58,7 @@ def started(label: str, pool: Any) -> None:
         return
     # loaders only a cycle holds (a notebook's interrupted cells: IPython keeps each
     # traceback it replaced in one) are closed by a collection, not counted (the env audit);
-    # outside the lock, which a collected loader's close takes
+    # outside the lock (a collection runs finalizers); at 6, 12, 24, ... loaders alone
     gc.collect()
     with _LOCK:
         if len(running := _counts()) < times * MANY_OPEN:
