@@ -91,28 +91,32 @@ def renamed_by_value(module: Any) -> None:
     if origin.endswith((os.sep + path + ".py", os.sep + path + os.sep + "__init__.py")) or \
             name in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
         return
-    if _found_by_name(name):  # (a finder's alias, a package folder of another name: the
-        _FOUND.add(name)  # workers import it so; registered, the whole process's pickles of
-        return  # its functions would change)
+    if _found_by_name(name, origin):  # (a finder's alias, a package folder of another name:
+        _FOUND.add(name)  # the workers import it so; registered, the whole process's pickles
+        return  # of its functions would change)
     cloudpickle.register_pickle_by_value(module)
 
 
 _FOUND: set[str] = set()  # modules of another file name that a finder finds by their name
 
 
-def _found_by_name(name: str) -> bool:
-    """Whether a finder of ``sys.meta_path`` finds module ``name`` by its name (setuptools'
-    distutils shim and vendored aliases, an editable install mapping a package to a folder
-    of another name), as a worker's import would."""
+def _found_by_name(name: str, origin: str) -> bool:
+    """Whether a finder of ``sys.meta_path`` finds module ``name`` by its name, as a worker's
+    import would, in the file ``origin`` (or in none it says: setuptools' vendored aliases):
+    setuptools' distutils shim, an editable install mapping a package to a folder of another
+    name. Another file found by that name is not the module (a config loaded as ``config``
+    beside an importable ``config``): it goes by value."""
     parent = name.rpartition(".")[0]
     path = getattr(sys.modules.get(parent), "__path__", None) if parent else None
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None)
         try:
-            if find is not None and find(name, path) is not None:
-                return True
+            spec = None if find is None else find(name, path)
         except Exception:  # noqa: BLE001 - (a finder that fails: not found by it)
             continue
+        if spec is not None:
+            found = getattr(spec, "origin", None)
+            return found is None or os.path.realpath(found) == os.path.realpath(origin)
     return False
 
 

@@ -599,3 +599,16 @@ def test_a_module_loaded_from_a_file_under_another_name_crosses_by_value(tmp_pat
 
     renamed_by_value(sys.modules["jaxloader.workers.by_value"])
     assert "jaxloader.workers.by_value" not in cloudpickle.list_registry_pickle_by_value()
+    # another file of that name on sys.path is not it: the workers would import that one
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "cfg_clash_z.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))
+    spec = importlib.util.spec_from_file_location("cfg_clash_z", tmp_path / "helper.py")
+    clash = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "cfg_clash_z", clash)
+    spec.loader.exec_module(clash)
+    renamed_by_value(clash)
+    try:
+        assert "cfg_clash_z" in cloudpickle.list_registry_pickle_by_value()
+    finally:
+        cloudpickle.unregister_pickle_by_value(clash)
