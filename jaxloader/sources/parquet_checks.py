@@ -52,14 +52,15 @@ def check_chosen(paths: Sequence[str], metas: list, schemas: list, first: int,
                 f"times (its columns: {list(other.names)}); a column is read by its name: write "
                 "the file again with names of their own (table.rename_columns), or pass "
                 "columns= others")
-        for name in wanted & set(other.names):
+        for name in (c for c in chosen if c in other.names):
             repeated = repeated_field(other.field(name).type, name)
             if repeated is not None:  # (a record's dict kept the last field's values alone)
                 raise ConfigError(
                     f"ParquetSource: column {name!r} of {path!r} holds the struct field "
-                    f"{repeated[0]!r} {repeated[1]} times ({other.field(name).type}); a field is "
-                    "read by its name, so the others' values would be lost: write the file again "
-                    "with fields of names of their own, or leave the column out with columns=")
+                    f"{repeated[0]!r} {repeated[1]} times ({other.field(name).type!s:.200}); a "
+                    "field is read by its name, so the others' values would be lost: write the "
+                    "file again with fields of names of their own, or leave the column out with "
+                    "columns=")
     for c in chosen:
         zone = zone_in(schema.field(c).type)
         if zone is not None:  # (its times came out as UTC's datetime64, the zone dropped)
