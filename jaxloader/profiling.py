@@ -321,9 +321,9 @@ def _factory(target: str) -> Callable[..., Any]:
                               f"{name}" + (" (Python runs in safe-path mode, PYTHONSAFEPATH or "
                                            "-P: the folder it runs from is not on sys.path; "
                                            "PYTHONPATH=. puts it there)"
-                                           if getattr(sys.flags, "safe_path", False) and
-                                           os.path.exists(where.split(".")[0] + ".py") or
-                                           os.path.isdir(where.split(".")[0]) else "")
+                                           if getattr(sys.flags, "safe_path", False) and (
+                                               os.path.exists(where.split(".")[0] + ".py") or
+                                               os.path.isdir(where.split(".")[0])) else "")
                               ) from None
     if not hasattr(module, name):
         public = sorted(k for k, v in vars(module).items() if callable(v) and k[0] != "_")

@@ -143,7 +143,8 @@ class StackFiles:
 
 def _stack_file(worker: int, files: list[tuple[int, str]]) -> None:
     """A file for worker ``worker``'s stacks, appended to ``files``: (this process's
-    descriptor, the name the worker opens it by). A memory file where there are, else a
+    descriptor, the name the worker opens it by). A memory file where there are, else a file
+    in /dev/shm the resource tracker unlinks if this process is killed (``_tracked``), else a
     temporary file. Appended in the ``try`` that makes it, which a Ctrl-C cut short releases
     by the file's token (``jaxloader.base.interrupts``, 3): one left open was seen in 1 of 4
     runs of 40 interrupts fired as loaders were made."""
@@ -239,10 +240,11 @@ def _temporary(make: Any, prefix: str) -> Any:
 
 
 def _request_pipe(worker: int, asks: list[tuple[int, int, str]]) -> None:
-    """A pipe through which the main process asks worker ``worker`` for its stacks: (this
-    process's write end, non-blocking; its read end; the name the worker opens a read end
-    by). Where ``/proc`` is, an anonymous pipe opened through it; else a FIFO in a directory
-    of its own, held open ``O_RDWR`` (both ends in one descriptor). This process holds a read
+    """A pipe through which the main process asks worker ``worker`` for its stacks, appended
+    to ``asks`` as it is made: (this process's write end, non-blocking; its read end; the name
+    the worker opens a read end by). Where ``/proc`` is, an anonymous pipe opened through it;
+    else a FIFO in /dev/shm (``_tracked``), or in a temporary directory of its own, held open
+    ``O_RDWR`` (both ends in one descriptor). This process holds a read
     end too, so a request made before the worker opens its own is kept for it."""
     if shm.PROC_FDS:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
