@@ -166,8 +166,7 @@ def step_failed(actor: int, pid: int | None, node: str | None, failed: Any,
     """The error of a step that raised in an actor (its ``workers.protocol.Failed``: the
     exception, the actor's traceback), named as a local worker's is, with its node, and its
     cause."""
-    return raised(actor, f"{pid or 0}{f' on {node}' if node else ''}", failed, where,
-                  who="Ray actor")
+    return raised(actor, _pid_text(pid or 0, node), failed, where, who="Ray actor")
 
 
 def task_failed(who: str, first: int, count: int, e: Any, where: Callable[[int], str],
@@ -204,8 +203,12 @@ def actor_text(actor: int, pid: int | None, node: str | None) -> str:
         >>> actor_text(1, 4720, "10.0.0.2, node 0316a2f4"), actor_text(2, None, None)
         ('Ray actor 1 (pid 4720 on 10.0.0.2, node 0316a2f4)', 'Ray actor 2')
     """
-    return f"Ray actor {actor}" + (f" (pid {pid} on {node})" if pid and node else
-                                   f" (pid {pid})" if pid else "")
+    return f"Ray actor {actor}" + (f" (pid {_pid_text(pid, node)})" if pid else "")
+
+
+def _pid_text(pid: int, node: str | None) -> str:
+    """An actor's pid, and its node once known: ``4720 on 10.0.0.2, node 0316a2f4``."""
+    return f"{pid} on {node}" if node else str(pid)
 
 
 def lost_reason(error: BaseException) -> str:
