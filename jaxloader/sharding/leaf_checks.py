@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import jax
@@ -65,6 +66,28 @@ def refuse_none_over_leaf(paths: list[tuple], batch: Any, devices: list) -> list
                 f"it whole on each device, jl.data_sharding(mesh) splits its rows, a device "
                 f"itself puts it there")
     return []
+
+
+def rows_remedy(sharding: Any, me: int, process_count: int, G: int, held: int) -> str:
+    """Why ``sharding`` gives process ``me``'s devices ``held`` rows of the global batch of
+    ``G`` where it reads ``G // process_count``, and what to do (``sharding.put``'s refusal)."""
+    counts = Counter(d.process_index for d in sharding.device_set)
+    if set(counts) == {me}:
+        return ("its mesh holds this process's devices alone (jax.local_devices()); make the "
+                "mesh over every process's, jax.devices() (jax.make_mesh), so that the batch "
+                "axis spans the processes")
+    whole = (f"or give each process the whole batch and place it yourself: drop sharding= "
+             f"and pass process_index=0, process_count=1, batch_size={G}, then each step "
+             "jax.make_array_from_process_local_data(sharding, batch)")
+    shares = [counts.get(p, 0) for p in range(process_count)]
+    if held < G and len(set(shares)) > 1:  # (split, but unevenly: each device its share)
+        said = ", ".join(f"process {p}: {n}" for p, n in enumerate(shares))
+        return (f"the processes hold unequal numbers of its devices ({said}), and each "
+                "device takes an equal share of the rows, where each process reads the same "
+                "batch_size: make the mesh of as many devices of each process (jax.make_mesh "
+                "over jax.devices()), " + whole)
+    return ("the batch axis is not split across the processes; shard it over a mesh axis "
+            "that spans them (data_sharding(mesh, 'data'), 'data' first in the mesh), " + whole)
 
 
 def _devices_said(devices: list) -> str:

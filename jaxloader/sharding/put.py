@@ -36,7 +36,7 @@ from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.base.one_device import is_one_device
 from jaxloader.batching.collate import own_if_small
 from jaxloader.sharding.given import as_shardings
-from jaxloader.sharding.leaf_checks import refuse_none_over_leaf, undivided
+from jaxloader.sharding.leaf_checks import refuse_none_over_leaf, rows_remedy, undivided
 from jaxloader.sharding.x64 import check_32_bits
 from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
 
@@ -204,16 +204,7 @@ class Putter:
                     if d.process_index == me}
             rows = tuple(sorted({r for start, stop in held for r in range(start, stop)}))
             if len(rows) != B:
-                remedy = (
-                    "its mesh holds this process's devices alone (jax.local_devices()); make "
-                    "the mesh over every process's, jax.devices() (jax.make_mesh), so that the "
-                    "batch axis spans the processes"
-                    if all(d.process_index == me for d in s.device_set) else
-                    "the batch axis is not split across the processes; shard it over a mesh "
-                    "axis that spans them (data_sharding(mesh, 'data'), 'data' first in the "
-                    "mesh), or give each process the whole batch and place it yourself: drop "
-                    f"sharding= and pass process_index=0, process_count=1, batch_size={G}, "
-                    "then each step jax.make_array_from_process_local_data(sharding, batch)")
+                remedy = rows_remedy(s, me, self.process_count, G, len(rows))
                 raise ConfigError(
                     f"sharding: {s} gives this process's devices {len(rows)} rows of the "
                     f"global batch of {G}, where each of the {self.process_count} processes "

@@ -84,6 +84,11 @@ try:  # the other process's index, given: its devices' rows were read, named as 
 except jl.ConfigError as e:
     if process_id == "0":
         print("swapped refused:", e)
+uneven = Mesh(np.array(jax.devices()[:3]), ("data",))  # process 0's 2 devices, 1's first
+try:  # (each device 2 rows of 6: process 0's 4, 1's 2, where each reads batch_size=3; said
+    jl.DataLoader(source, batch_size=3, sharding=jl.data_sharding(uneven))  # "not split")
+except jl.ConfigError as e:
+    print("uneven refused:", e)
 mine = jax.local_devices()  # a mesh of each process's own devices first: each read the rows
 own_first = Mesh(np.array(mine + [d for d in jax.devices() if d not in mine]), ("data",))
 try:  # of its devices in its own mesh, the same rows as the other (half the data, no word)

@@ -96,6 +96,11 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
         own = [line for line in out.splitlines() if line.startswith("own meshes refused:")]
         assert len(own) == 1 and "differ at this iter() (meshes: process" in own[0] and (
             "the same mesh: spec, axes and the devices in one order" in own[0]), out
+    for out, rows in zip(outs, (4, 2)):  # (a mesh of 2 devices of one process, 1 of the other)
+        uneven = [line for line in out.splitlines() if line.startswith("uneven refused:")]
+        assert len(uneven) == 1 and f"gives this process's devices {rows} rows of the global " \
+            "batch of 6" in uneven[0] and "the processes hold unequal numbers of its devices " \
+            "(process 0: 2, process 1: 1)" in uneven[0] and "not split" not in uneven[0], out
     mixed = [line for line in lines if line.startswith("mixed rows refused:")]
     assert len(mixed) == 1 and "leaf ['x'] puts this process's devices at rows 0-3 of the " \
         "global batch of 8, leaf ['y'] at rows 0, 1, 4, 5;" in mixed[0], outs[0]
