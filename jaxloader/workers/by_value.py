@@ -76,24 +76,25 @@ class GlobalsByName(cloudpickle.Pickler):
 
 
 def renamed_by_value(module: Any) -> None:
-    """Has cloudpickle send ``module`` by value where it was loaded from a file under another
-    name than the file's (``importlib.util.spec_from_file_location("cfg", "conf/x.py")``, as
-    config files are loaded): no folder on a worker's ``sys.path`` finds it by its name, and
-    the remedy said, that folder on ``sys.path``, found the file by its own name only (the env
-    audit). Registered for the process's life: no other process imports it by that name."""
+    """Has cloudpickle send ``module`` by value where a worker's import of its name would not
+    find its file: loaded under another name than the file's
+    (``importlib.util.spec_from_file_location("cfg", "conf/x.py")``, as config files are
+    loaded), where the remedy said, its folder on ``sys.path``, found the file by its own name
+    only (the env audit); or under its file's name from a folder not on ``sys.path`` while
+    another file of that name is on it (``exp/v2/augs.py`` loaded as ``augs`` beside an
+    importable ``augs``: the workers ran the other file's code, without a word). Registered
+    for the process's life: no other process imports it by that name."""
     spec = getattr(module, "__spec__", None)
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str) or not origin.endswith(".py") or module.__name__ in (
             "__main__", "__mp_main__"):
         return
     name = module.__name__
-    path = name.replace(".", os.sep)
-    if origin.endswith((os.sep + path + ".py", os.sep + path + os.sep + "__init__.py")) or \
-            name in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
+    if name in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
         return
-    if _found_by_name(name, origin):  # (a finder's alias, a package folder of another name:
-        _FOUND.add(name)  # the workers import it so; registered, the whole process's pickles
-        return  # of its functions would change)
+    if _found_by_name(name, origin):  # (its own file, a finder's alias, a package folder of
+        _FOUND.add(name)  # another name: the workers import it so; registered, the whole
+        return  # process's pickles of its functions would change)
     cloudpickle.register_pickle_by_value(module)
 
 

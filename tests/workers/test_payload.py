@@ -612,3 +612,37 @@ def test_a_module_loaded_from_a_file_under_another_name_crosses_by_value(tmp_pat
         assert "cfg_clash_z" in cloudpickle.list_registry_pickle_by_value()
     finally:
         cloudpickle.unregister_pickle_by_value(clash)
+
+
+def test_a_module_loaded_by_its_file_name_beside_another_of_that_name_crosses_by_value(
+        tmp_path, monkeypatch):
+    # exp/v2/augs_stem_q.py loaded as augs_stem_q while exp/v1 (on sys.path) has one too: the
+    # workers imported v1's by the name and ran its code, num_workers=0 v2's, without a word
+    import importlib.util
+    import sys
+
+    import cloudpickle
+
+    import jaxloader as jl
+
+    for version, factor in (("v1", 1), ("v2", 2)):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "augs_stem_q.py").write_text(
+            f"def scale(record):\n    return {{'x': record['x'] * {factor}}}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "v1"))
+    spec = importlib.util.spec_from_file_location("augs_stem_q", tmp_path / "v2" /
+                                                  "augs_stem_q.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "augs_stem_q", module)
+    spec.loader.exec_module(module)
+    try:
+        got = []
+        for workers in (0, 1):
+            with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=4,
+                               num_workers=workers, transforms=[jl.Map(module.scale)],
+                               process_index=0, process_count=1) as loader:
+                got.append(next(iter(loader))["x"].tolist())
+        assert got == [[0, 2, 4, 6]] * 2
+    finally:
+        if "augs_stem_q" in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.unregister_pickle_by_value(module)
