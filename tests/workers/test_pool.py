@@ -1429,23 +1429,39 @@ def test_a_transforms_module_that_makes_a_loader_on_import_starts_no_workers_of_
 def test_a_module_the_workers_cannot_import_is_named_with_where_this_process_found_it(
         tmp_path, monkeypatch):
     # a notebook imports a module of its directory ('' on sys.path), then changes directory:
-    # the workers, started there, said only "No module named ..."
+    # the workers, started there, said only "No module named ..."; a module of source now
+    # crosses by value (by_value), one without (a .pyc alone here) is still imported by name
+    import py_compile
+
+    import cloudpickle
+
     (tmp_path / "first").mkdir(), (tmp_path / "second").mkdir()
-    (tmp_path / "first" / "helpers_left_behind.py").write_text("def same(r):\n    return r\n")
+    for name in ("helpers_left_behind", "helpers_left_source"):
+        (tmp_path / "first" / f"{name}.py").write_text("def same(r):\n    return r\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    py_compile.compile(str(tmp_path / "first" / "helpers_left_behind.py"),
+                       str(tmp_path / "first" / "helpers_left_behind.pyc"))
+    os.remove(tmp_path / "first" / "helpers_left_behind.py")
     monkeypatch.chdir(tmp_path / "first")
     monkeypatch.syspath_prepend("")
-    monkeypatch.delitem(sys.modules, "helpers_left_behind", raising=False)
     import helpers_left_behind
+    import helpers_left_source
 
     monkeypatch.chdir(tmp_path / "second")
     with pytest.raises(jl.WorkerError, match=(
             rf"No module named 'helpers_left_behind' \(this process imported "
-            rf"helpers_left_behind from {tmp_path}/first/helpers_left_behind.py.*'' is the "
+            rf"helpers_left_behind from {tmp_path}/first/helpers_left_behind.pyc.*'' is the "
             rf"directory of the moment, {tmp_path}/second\): put {tmp_path}/first on sys.path")):
         with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=1,
                            transforms=[helpers_left_behind.same]) as loader:
             next(iter(loader))
-    del sys.modules["helpers_left_behind"]
+    try:
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=1,
+                           transforms=[helpers_left_source.same]) as loader:
+            assert [b["x"].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    finally:
+        cloudpickle.unregister_pickle_by_value(helpers_left_source)
+    del sys.modules["helpers_left_behind"], sys.modules["helpers_left_source"]
 
 
 def _pidfds():
