@@ -474,3 +474,21 @@ def test_loaders_of_each_hosts_own_keep_a_state_file_each(tmp_path, monkeypatch)
     assert state_files.state_filename(states[0][0]) == "process_0-of-1.json"
     for loader in (shared, states[0][0], states[1][0]):
         loader.close()
+
+
+def test_the_files_of_a_run_on_another_process_count_at_other_steps_are_refused(tmp_path):
+    # two processes saved at different steps (one took a batch more): a restore on one process
+    # read process 0's, step 3, without a word (on two, iter() refuses it)
+    for p, steps in ((0, 3), (1, 4)):
+        loader = make(batch_size=2, process_index=p, process_count=2)
+        take(loader, steps)
+        write_state(tmp_path, loader)
+    with pytest.raises(jl.StateDictError, match=r"the 2 processes that saved it hold the loader "
+                                                r"at other steps \(process_0-of-2\.json: step 3; "
+                                                r"process_1-of-2\.json: step 4\).*restore on 1 "
+                                                r"process\(es\) cannot tell"):
+        read_state(tmp_path, make(batch_size=4))
+    loader = make(batch_size=2, process_index=0, process_count=2)
+    take(loader, 4)
+    write_state(tmp_path, loader)
+    assert read_state(tmp_path, make(batch_size=4))["step"] == 4

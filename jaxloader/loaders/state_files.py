@@ -170,7 +170,8 @@ def read_state(directory: PathLike, loader: Any) -> dict:
                 f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "
                 "jaxloader.checkpoint (LoaderSave or the v1 API)?"
             )
-        path = root / files[0]  # every process's file holds the same step
+        path = root / files[0]  # every process's file holds the same step: checked
+        _one_step(root, [f for f in files if _layout(f) == _layout(files[0])], loader)
     try:
         return json.loads(path.read_text())
     except (ValueError, RecursionError) as e:  # (a UnicodeDecodeError; JSON nested 100k deep)
@@ -205,6 +206,24 @@ def _one_run(root: Any, files: list[str]) -> None:
         f"({'; '.join(said)}): written into one folder by runs on other process counts, so a "
         "restore cannot tell which is the run to continue; keep each checkpoint in a folder of "
         "its own (Orbax makes one a step), and delete the files of the states not meant")
+
+
+def _one_step(root: Any, files: list[str], loader: Any) -> None:
+    """Refuses the state files of one run on another process count (``files``) that hold
+    different steps: its processes saved at different positions (one took a batch more), and
+    a restore on this count read the first file's without a word (one on the same count
+    refuses it at ``iter()``, the processes compared). A file that cannot be read is left to
+    the restore that reads it."""
+    steps = {name: _saved_step(root / name) for name in files}
+    if len({step for step in steps.values() if step is not None}) < 2:
+        return
+    said = "; ".join(f"{name}: step {step}" for name, step in steps.items() if step is not None)
+    raise StateDictError(
+        f"checkpoint {root}: the {len(files)} processes that saved it hold the loader at other "
+        f"steps ({said}): they saved at different positions (one took more batches than "
+        f"another before the save), and a restore on {loader.process_count} process(es) cannot "
+        "tell which to continue; save on every process after the same number of batches, and "
+        "restore an earlier checkpoint step, or this one on as many processes as saved it")
 
 
 def _saved_step(path: Any) -> Any:
