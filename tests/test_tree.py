@@ -28,6 +28,25 @@ def test_gather_names_the_path_and_position_of_a_structure_mismatch():
         gather(trees, structure(trees[0]), names=[11, 12])
 
 
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_records_of_another_container_kind_in_one_batch_are_refused_in_either_order(first):
+    # a namedtuple among tuples, an OrderedDict among dicts: other structures to JAX, refused
+    # where one led the batch and passed (gathered into the leader's kind) where it followed
+    import collections
+
+    P = collections.namedtuple("P", "a b")
+    for kinds, said in (([(1, 2), P(1, 2)], r"has tuple of length 2.* has P of 2 fields|"
+                                            r"has P of 2 fields.* has tuple of length 2"),
+                        ([{"a": 1}, collections.OrderedDict(a=1)],
+                         r"has the same keys, in (an OrderedDict \(not a dict|a dict \(not an "
+                         r"OrderedDict)\)"),
+                        ([[1, 2], (1, 2)], "has (list|tuple) of length 2")):
+        trees = kinds[first:] + kinds[:first]
+        with pytest.raises(CollateError, match=said):
+            gather(trees, structure(trees[0]), names=[0, 1])
+
+
 # -- JAX's pytree semantics: the batch has the structure jax.tree gives a stacked record ------
 jax = pytest.importorskip("jax")  # a runtime dependency; named here because the tests use it
 flax_struct = pytest.importorskip("flax.struct")

@@ -209,9 +209,10 @@ def _gather(trees: list, treedef: TreeDef, names: Any, path: str, out: list) -> 
         keys = treedef[1]
         by_key = _dict_columns(trees, keys) if kind == "dict" else None
         if by_key is None:
-            keyset = set(keys)
-            want = Mapping if kind == "dict" else type(trees[0])
-            if not all(isinstance(t, want) and t.keys() == keyset for t in trees):
+            keyset = set(keys)  # (and of its kind: an OrderedDict among dicts is another
+            want = Mapping if kind == "dict" else type(trees[0])  # structure to JAX)
+            if not all(isinstance(t, want) and _mapping_kind(t) == kind and t.keys() == keyset
+                       for t in trees):
                 _raise_mismatch(trees, treedef, names, path)
             by_key = [[t[k] for t in trees] for k in keys]
         for k, child, values in zip(keys, treedef[-1], by_key):
@@ -228,11 +229,18 @@ def _gather(trees: list, treedef: TreeDef, names: Any, path: str, out: list) -> 
         by_child = [[s[0][i] for s in split] for i in range(len(children))]
     else:
         want = treedef[1] if kind == "namedtuple" else (tuple if kind == "tuple" else list)
-        if not all(isinstance(t, want) and len(t) == len(children) for t in trees):
+        # (its type itself: a namedtuple among tuples is another structure to JAX)
+        if not all(type(t) is want and len(t) == len(children) for t in trees):
             _raise_mismatch(trees, treedef, names, path)
         by_child = [[t[i] for t in trees] for i in range(len(children))]
     for name, child, values in zip(_child_names(treedef), children, by_child):
         _gather(values, child, names, path + name, out)
+
+
+def _mapping_kind(tree: Any) -> str:
+    """The treedef kind of a mapping: ``"dict"``, ``"ordered"``, ``"defaultdict"`` (or
+    another kind, for a mapping JAX flattens as a node of its own)."""
+    return "dict" if type(tree) is dict else _kind(tree)
 
 
 def _dict_columns(trees: list, keys: tuple) -> list | None:
