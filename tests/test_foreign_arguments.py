@@ -46,7 +46,8 @@ def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remed
     with pytest.raises(TypeError) as info:
         loader(**{name: value})
     message = str(info.value)
-    assert message.startswith(f"DataLoader({name}={value!r}): DataLoader has no {name}: ")
+    said = getattr(value, "__qualname__", repr(value))  # (a function, a class: its name)
+    assert message.startswith(f"DataLoader({name}={said}): DataLoader has no {name}: ")
     assert remedy in message
     # one of jaxloader's, as troubleshooting.md says every error is (it was a bare TypeError)
     assert isinstance(info.value, jl.ArgumentError) and isinstance(info.value, jl.JaxloaderError)
@@ -88,7 +89,8 @@ def test_a_peer_name_given_to_a_stream_loader_says_what_a_stream_takes(name, val
     with pytest.raises(TypeError) as info:
         jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1, **{name: value})
     message = str(info.value)  # it was "unexpected keyword argument"
-    assert message.startswith(f"StreamLoader({name}={value!r}): StreamLoader has no {name}: ")
+    said = getattr(value, "__qualname__", repr(value))  # (a function, a class: its name)
+    assert message.startswith(f"StreamLoader({name}={said}): StreamLoader has no {name}: ")
     assert remedy in message
 
 
@@ -373,3 +375,13 @@ def test_a_marked_class_keeps_its_signature_and_pythons_error_for_other_names():
     # a name the class takes is its own: PackedSource's seed=, FilteredSource's num_workers=
     assert "seed" in inspect.signature(jl.PackedSource).parameters
     jl.FilteredSource(jl.ArraySource({"x": np.arange(4)}), indices=np.arange(2), num_workers=0)
+
+
+def test_a_peer_names_value_is_shown_cut_short():
+    # DataLoader(dataset=records): the list's whole repr, 6.4 MB for 200,000 records, in 4.4 s
+    records = [{"x": i} for i in range(200_000)]
+    with pytest.raises(TypeError) as info:
+        loader(dataset=records)
+    assert str(info.value).startswith("DataLoader(dataset=[{'x': 0}, {'x': 1}, {'x': 2}, "
+                                      "{'x': 3}, ...]): DataLoader has no dataset: ")
+    assert len(str(info.value)) < 1000

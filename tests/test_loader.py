@@ -73,7 +73,11 @@ def test_repr_says_what_a_loader_reads_how_and_where_it_is():
         "PackedStream(Stream(4 shards: ")
     records = jl.DataLoader([{"x": i} for i in range(10_000)], batch_size=10,
                             process_index=0, process_count=1)
-    assert len(repr(records)) < 250 and "... (10,000 records)" in repr(records)
+    assert repr(records) == ("DataLoader([{'x': 0}, {'x': 1}, {'x': 2}, {'x': 3}, ...] (10,000 "
+                             "records), 1000 batches an epoch, batch_size=10, num_workers=0, "
+                             "step=0)")
+    assert repr(jl.MapSource(records._source, lambda r: r)).startswith(
+        "MapSource([{'x': 0}, {'x': 1}, {'x': 2}, {'x': 3}, ...] (10,000 records), test_repr")
 
 
 def test_pad_needs_dict_records_and_a_free_mask_key():

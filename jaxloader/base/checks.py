@@ -344,7 +344,8 @@ def callable_name(fn: Any) -> str:
         'partial(max, key={0: 0, 1: 1, 2: 2, 3: 3, ...})'
     """
     if isinstance(fn, functools.partial):
-        args = [_brief(a) for a in fn.args] + [f"{k}={_brief(v)}" for k, v in fn.keywords.items()]
+        args = [brief_value(a) for a in fn.args] + [f"{k}={brief_value(v)}"
+                                                    for k, v in fn.keywords.items()]
         return f"partial({', '.join([callable_name(fn.func), *args])})"
     name = getattr(fn, "__qualname__", None)
     if isinstance(name, str):
@@ -358,7 +359,23 @@ def callable_name(fn: Any) -> str:
         text[:117] + "..."
 
 
-def _brief(value: Any) -> str:
+def source_said(source: Any) -> str:
+    """A source as a ``repr`` shows it, cut short: a list or tuple of records by its first
+    few and its length (its whole ``repr``, made and then cut, took 31 s for 200,000 records).
+
+    Example:
+        >>> source_said([{"x": i} for i in range(10_000)])
+        "[{'x': 0}, {'x': 1}, {'x': 2}, {'x': 3}, ...] (10,000 records)"
+    """
+    if type(source) in (list, tuple):
+        return f"{brief_value(source)} ({len(source):,} records)"
+    said = repr(source)
+    return said if len(said) <= 120 else f"{said[:100]}... ({len(source):,} records)"
+
+
+def brief_value(value: Any) -> str:
+    """``value`` as a message shows it: a callable by its name, a container by its first few
+    items, on one line, without addresses (``reprlib``)."""
     if callable(value) and isinstance(getattr(value, "__qualname__", None), str):
         return value.__qualname__
     return _ADDRESS.sub("", " ".join(_BRIEF.repr(value).split()))

@@ -31,7 +31,7 @@ from jaxloader.loaders.foreign_arguments import REQUIRED, TorchAttributes, refus
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
-from jaxloader.base.checks import Int, check_int
+from jaxloader.base.checks import Int, check_int, source_said
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import LocalShuffle
@@ -237,10 +237,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         return self._sampler.steps_per_epoch
 
     def _reads(self) -> str:
-        source = repr(self._source)  # (a list of records is a source: its repr is every one)
-        if len(source) > 120:
-            source = f"{source[:100]}... ({len(self._source):,} records)"
-        return f"{source}, {len(self)} batches an epoch"
+        return f"{source_said(self._source)}, {len(self)} batches an epoch"
 
     @property
     def epoch(self) -> int:

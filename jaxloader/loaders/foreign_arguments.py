@@ -15,6 +15,7 @@ import difflib
 
 from typing import Any, NoReturn
 
+from jaxloader.base.checks import brief_value
 from jaxloader.base.errors import ArgumentError
 
 _REMEDIES = {
@@ -147,7 +148,8 @@ def _shown(value: Any) -> str:
     message, ran to its 1,000 values)."""
     if hasattr(value, "shape") and hasattr(value, "dtype") and len(value.shape):
         return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
-    return f"{value.item() if hasattr(value, 'item') and hasattr(value, 'dtype') else value!r:.80}"
+    return f"{value.item()!r:.80}" if hasattr(value, "item") and hasattr(value, "dtype") else \
+        brief_value(value)  # (a list's whole repr, made to be cut: 6.4 MB for a dataset=)
 
 
 def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[str, Any],
@@ -213,7 +215,7 @@ def refuse(owner: str, unknown: dict[str, Any], made: Any = None) -> None:
             close = difflib.get_close_matches(name, _arguments(made), n=1)
             raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}" + (
                 f"; did you mean {close[0]}=?" if close else ""))
-        raise ArgumentError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")
+        raise ArgumentError(f"{owner}({name}={_shown(value)}): {owner} has no {name}: {remedy}")
 
 
 _ORDER = ("the order is a function of seed= and the epoch: each iter(loader) is the next epoch, "

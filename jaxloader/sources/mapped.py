@@ -41,7 +41,8 @@ import numpy as np
 from jaxloader.base import read_threads
 from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
-from jaxloader.base.checks import callable_name, check_bool, check_one_argument, record_index
+from jaxloader.base.checks import (callable_name, check_bool, check_one_argument, record_index,
+                                   source_said)
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.base.own_records import top_copy
@@ -261,7 +262,7 @@ class MapSource:
 
     def __repr__(self) -> str:
         name = callable_name(self.fn)
-        return f"MapSource({self.source!r}, {name}{', batched' if self.batched else ''})"
+        return f"MapSource({source_said(self.source)}, {name}{', batched' if self.batched else ''})"
 
 
 def _first_row(columns: Any) -> Any:
