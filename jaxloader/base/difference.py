@@ -36,6 +36,39 @@ def differ(key: str, expected: Any, received: Any,
     return f"{key}: {said[0]} {cut(want)}, {said[1]} {cut(got)}"
 
 
+class _Absent:
+    def __repr__(self) -> str:
+        return "nothing (no such key)"
+
+
+ABSENT = _Absent()  # (a key one side lacks, as ``differ`` shows it)
+
+
+def first_apart(key: str, expected: Any, received: Any) -> tuple[str, Any, Any]:
+    """Where two JSON-like values first differ: the path under ``key`` (through dicts of the
+    same keys, lists of the same length) and the two values there, for ``differ``; a stream's
+    description of 400 characters, given whole, hid the one parameter that differed.
+
+    Example:
+        >>> first_apart("stream", {"mix": [{"w": 1}, {"w": 2}], "bins": 16},
+        ...             {"mix": [{"w": 1}, {"w": 2}], "bins": 8})
+        ("stream['bins']", 16, 8)
+    """
+    while expected != received:
+        if isinstance(expected, dict) and isinstance(received, dict):
+            name = next(k for k in [*expected, *received]
+                        if expected.get(k, ABSENT) != received.get(k, ABSENT))
+            if name not in expected or name not in received:  # (a parameter one holds)
+                return f"{key}[{name!r}]", expected.get(name, ABSENT), received.get(name, ABSENT)
+        elif isinstance(expected, list) and isinstance(received, list) and \
+                len(expected) == len(received):
+            name = next(i for i, (a, b) in enumerate(zip(expected, received)) if a != b)
+        else:
+            break
+        key, expected, received = f"{key}[{name!r}]", expected[name], received[name]
+    return key, expected, received
+
+
 def keys_apart(first: Any, other: Any) -> str | None:
     """What the mapping treedef ``other``'s keys lack and hold beyond ``first``'s (ten of
     each, then how many more), or ``None`` where either is no mapping: two lists of 5,000 keys

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxloader.base.file_identity import as_now, check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_bounded, check_int, shown_names
-from jaxloader.base.difference import differ
+from jaxloader.base.difference import differ, first_apart
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.foreign_arguments import grain_state_hint
@@ -254,12 +254,13 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
                              f"{state.get('version')!r:.120}; this state was written by another "
                              "jaxloader version that this one cannot read")
-    diffs = [differ(k, v, state.get(k)) for k, v in config.items() if state.get(k) != v]
+    then, now = (isinstance(s, dict) and "mix" in s for s in (state.get("stream"),
+                                                             config.get("stream")))
+    diffs = [differ(*first_apart(k, v, state.get(k))) for k, v in config.items()
+             if state.get(k) != v and (k != "stream" or then == now)]
     if state.get("process_index") != process_index:
         diffs.append(f"process_index: expected {process_index}, received "
                      f"{state.get('process_index')!r:.120}")
-    then, now = (isinstance(s, dict) and "mix" in s for s in (state.get("stream"),
-                                                             config.get("stream")))
     if then != now:  # (a plain stream's state into a mixture, or back)
         diffs.append(f"the state is from a loader over {'a mixture' if then else 'a plain stream'}"
                      f", this one reads {'a mixture' if now else 'a plain stream'} (to mix in "
@@ -269,7 +270,8 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(
             "state does not fit this stream loader (" + "; ".join(diffs) + "); "
             + ("restore it over the same stream: the same shards (files are named relative to "
-               "the folder they share), shuffle_window and shuffle_shards, and the same "
+               "the folder they share), shuffle_window and shuffle_shards, the same parameters "
+               "of its mixture and packing (named above), and the same "
                "functions in it (a Stream.map's and a PackedStream's tokenize: named by a "
                "digest of their code: -O drops asserts from it, and a state saved before "
                "2026-12-01 restores under the Python version that saved it); " if other else "")
