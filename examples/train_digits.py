@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
@@ -96,10 +97,12 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def parse_args(argv: list[str] | None = None,
-               checkpoint_dir: str = os.path.join("checkpoints", "digits")) -> argparse.Namespace:
+               checkpoint_dir: str = os.path.join("checkpoints", "digits"),
+               description: str | None = __doc__) -> argparse.Namespace:
     """The job's flags (``argv``, else the command line's); ``checkpoint_dir`` is
-    ``--checkpoint-dir``'s default (the NNX example keeps its runs apart from this one's)."""
-    parser = argparse.ArgumentParser(description=__doc__,
+    ``--checkpoint-dir``'s default (the NNX example keeps its runs apart from this one's),
+    ``description`` what ``--help`` says (the NNX example's own docstring)."""
+    parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=counted(1), default=1000, help="total training steps")
     parser.add_argument("--batch-size", type=counted(1), default=64)
@@ -154,6 +157,10 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
     exits 0; ``--fresh`` deletes the directory first and starts over. A directory this process
     may not write, or one another run is training in, is said and the script exits 1 (Orbax's
     save failed after the restore, and its threads then kept the process from ending)."""
+    if "://" in args.checkpoint_dir:  # (made a local folder "gs:", failed after 100 steps)
+        raise SystemExit(f"--checkpoint-dir {args.checkpoint_dir}: this example keeps its "
+                         "checkpoints in a local folder (it locks the folder with a file beside "
+                         "it); pass a local path, or mount the bucket as a folder (gcsfuse)")
     directory = os.path.abspath(args.checkpoint_dir)
     try:  # (the lock beside the folder: --fresh deletes the folder, and would its lock)
         os.makedirs(os.path.dirname(directory), exist_ok=True)
@@ -185,7 +192,8 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
     args.resume = latest is not None
     print(f"checkpoints: {directory}, every {args.save_every} steps"
           + (f"; continuing the run there from step {latest} (--fresh to start over)"
-             if args.resume else "; run the same command again to continue after a stop"))
+             if args.resume else "; run it again" + (" without --fresh" if args.fresh else
+                                                      " the same way") + " to continue after a stop"))
     return manager
 
 
@@ -223,8 +231,9 @@ def report(step: int, loss: jax.Array, log: Any, progress: tqdm, loader: jl.Data
         log.write(json.dumps({"step": step, "loss": float(loss)}) + "\n")
         log.flush()
     if step % 50 == 0:
-        progress.set_postfix(loss=f"{float(loss):.4f}", epoch=loader.epoch,
-                             input_wait=f"{loader.stats.wait_fraction:.1%}")
+        progress.set_postfix(loss=f"{float(loss):.4f}", epoch=loader.epoch,  # (drawn with
+                             input_wait=f"{loader.stats.wait_fraction:.1%}", refresh=False)
+        # the bar's count at its next refresh: drawn now, it showed an older count beside it)
 
 
 def train_step_of(model: MLP, tx: optax.GradientTransformation) -> Any:
@@ -291,5 +300,16 @@ def main() -> None:
         print(verdict)
 
 
+def stop_said(main: Any) -> None:
+    """Runs ``main``; a Ctrl-C ends it with one line that says how to go on (not a traceback:
+    the run's checkpoints are finished and kept as it stops)."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\nstopped (Ctrl-C); run the same command again to continue from the latest "
+              "checkpoint", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 if __name__ == "__main__":
-    main()
+    stop_said(main)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from jaxloader.checkpoint import LoaderRestore, LoaderSave
 from train_digits import (cross_entropy, digits_loader, digits_split, loss_log, open_checkpoints,
-                          parse_args, report)
+                          parse_args, report, stop_said)
 
 
 class MLP(nnx.Module):
@@ -49,7 +49,8 @@ def train_step(model: MLP, optimizer: nnx.Optimizer, batch: dict) -> jax.Array:
 
 
 def main() -> None:
-    args = parse_args(checkpoint_dir=os.path.join("checkpoints", "digits_nnx"))  # its own
+    args = parse_args(checkpoint_dir=os.path.join("checkpoints", "digits_nnx"),  # its own
+                      description=__doc__)
     manager = open_checkpoints(args)  # first: a finished run is reported at once
     train, test = digits_split()
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
@@ -93,4 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    stop_said(main)

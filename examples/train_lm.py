@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 import jaxloader as jl
 from jaxloader.checkpoint import LoaderRestore, LoaderSave
-from train_digits import counted, loss_log, open_checkpoints, report  # (examples/ on the path)
+from train_digits import (counted, loss_log, open_checkpoints, report,  # (examples/ on the
+                          stop_said)  # path)
 
 VOCAB = 257  # bytes + 1; 0 is padding
 
@@ -235,4 +236,4 @@ def evaluate(model: ByteLM, params: dict, paths: list[str], args: argparse.Names
 
 
 if __name__ == "__main__":
-    main()
+    stop_said(main)

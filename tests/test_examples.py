@@ -99,6 +99,9 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     stop = signal.SIGINT if run == "digits" else signal.SIGKILL  # (README's main job: a
     proc.send_signal(stop)  # Ctrl-C, as its docs say to stop it; others killed outright)
     _, err = proc.communicate(timeout=120)
+    if stop == signal.SIGINT:  # (said in a line, not a KeyboardInterrupt's traceback)
+        assert proc.returncode == 130 and "stopped (Ctrl-C); run the same command again to " \
+            "continue from the latest checkpoint" in err, err[-3000:]
     assert "cannot schedule new futures" not in err, err[-3000:]  # (a Ctrl-C as Orbax
     # committed a checkpoint in its thread lost it, an error printed: 3 of 5 Ctrl-Cs)
     killed_at = _losses(cut / "losses.jsonl")[-1]["step"]
@@ -243,3 +246,21 @@ def test_a_checkpoint_folder_in_use_or_a_bad_flag_is_refused(monkeypatch, tmp_pa
             train_digits.parse_args([flag, "0"])
     with pytest.raises(SystemExit):
         train_digits.parse_args(["--workers", "-1"])
+    # a bucket's path made a local folder "gs:" and failed after the first 100 steps
+    with pytest.raises(SystemExit, match=r"--checkpoint-dir gs://bucket/run: this example keeps "
+                                         r"its checkpoints in a local folder"):
+        train_digits.open_checkpoints(train_digits.parse_args(["--checkpoint-dir",
+                                                               "gs://bucket/run"]))
+
+
+def test_fresh_says_to_continue_without_it(monkeypatch, tmp_path, capsys):
+    # "run the same command again to continue": with --fresh, that deleted the checkpoints
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import train_digits
+
+    for flags, said in (([], "run it again the same way to continue after a stop"),
+                        (["--fresh"], "run it again without --fresh to continue after a stop")):
+        train_digits.open_checkpoints(train_digits.parse_args(  # (a folder each: this
+            [*flags, "--checkpoint-dir", str(tmp_path / f"run{len(flags)}")])).close()  # process
+        # holds each one's lock for its life)
+        assert said in capsys.readouterr().out
