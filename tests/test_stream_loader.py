@@ -363,6 +363,21 @@ def test_bad_input_gets_a_clear_error(tmp_path):
         jl.DataLoader(jsonl_stream(tmp_path), batch_size=2, process_index=0, process_count=1)
 
 
+def test_a_stream_state_whose_step_was_set_by_hand_is_refused(tmp_path):
+    # (as a DataLoader's may be, behind a trainer that reads ahead): its readers stayed at the
+    # saved step, and the next batch held that step's next records with another step's draws
+    with loader_of(generator_stream(tmp_path), [], 0) as loader:
+        take(loader, 6)
+        state = loader.state_dict()
+    with loader_of(generator_stream(tmp_path), [], 0) as other:
+        with pytest.raises(jl.StateDictError, match=r"state\['step'\]: 4, where its readers' "
+                                                    r"states are those of step 6: "):
+            other.load_state_dict({**state, "step": 4})
+        older = {k: v for k, v in state.items() if k != "readers_step"}  # (saved before it)
+        other.load_state_dict(older)
+        assert other.step == 6
+
+
 def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
     with loader_of(generator_stream(tmp_path), [], 2) as loader:
         take(loader, 3)

@@ -279,12 +279,21 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             "each process's readers (readers_per_process, which defaults to max(1, "
             "num_workers)): restore with the same ones, on as many processes (a stream state "
             "is not elastic; pass readers_per_process= to change num_workers)")
-    refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", "transforms",
-                           "generators", *config, *extra}, "StreamLoader")
+    refuse_unknown(state, {"version", "step", "readers_step", "process_index", "readers",
+                           "pass", "transforms", "generators", *config, *extra}, "StreamLoader")
     # a record's random numbers are keyed by its place in the stream, in 64 bits
     last = MASK64 // (config["process_count"] * config["batch_size"])
     check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
               remedy="pass the dict that state_dict() returned, unchanged")
+    at = state.get("readers_step", state["step"])  # (absent in states saved before 2026-12-07)
+    if at != state["step"]:  # (a DataLoader's step may be set by hand: it is its position)
+        raise StateDictError(
+            f"state['step']: {state['step']}, where its readers' states are those of step "
+            f"{at!r:.40}: a StreamLoader's position is its readers' too, which a step set by "
+            "hand does not move (its next batch would hold the records after step "
+            f"{at!r:.40}'s, with another step's random numbers); restore the state as "
+            "state_dict() returned it (a trainer that reads ahead: take state_dict() as each "
+            "batch is handed out, and save the one of the last batch the model trained)")
     found, first = state.get("readers"), process_index * readers
     if (not isinstance(found, list) or len(found) != readers or any(
             not isinstance(r, dict) or type(r.get("reader")) is not int or r.get("reader") !=

@@ -335,7 +335,8 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
         step, readers, until, ended = self._states_now()
         extra = self._stream.extra_state()  # a mixture's weights
         return copied({  # the caller's own (a list edited in it leaves the loader's alone)
-            "version": STATE_VERSION, "step": step, "process_index": self.process_index,
+            "version": STATE_VERSION, "step": step, "readers_step": step,
+            "process_index": self.process_index,
             **self._config(), **extra, "readers": readers,
             **passes.to_state(until, self.num_epochs, ended), "transforms": self._named(),
             **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})})
