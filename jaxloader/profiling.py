@@ -150,7 +150,7 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
             loader.reset_stats()  # the profile's batches are not the caller's
 
 
-def profile(loader: Any, steps: Int = 300, workers: Sequence[int] | None = None,
+def profile(loader: Any, steps: Int = 300, workers: Sequence[Int] | None = None,
             out: str | os.PathLike | None = "jaxloader_profile.png") -> Profile:
     """Runs ``loader`` (a ``DataLoader``/``StreamLoader``, or ``make_loader(num_workers=n)``
     to try several counts: by default 0, 1, 2 and the cores) for ``steps`` batches a count;

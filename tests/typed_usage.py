@@ -43,7 +43,10 @@ def _usage() -> None:
     jl.Pad("x", length=lengths, multiple_of=lengths)
     jl.PackedStream(jl.Stream.jsonl("a.jsonl"), "t", n, method="best_fit", bins=n, window=n)
     jl.ParquetSource("a.parquet", cache_bytes=np.int64(64 << 20))
-    jl.profile(loader, steps=n)
+    jl.profile(loader, steps=n, workers=[n, 0])
+    jl.Stream.from_generator(lambda i: iter([{"x": i}]), shards=n, shuffle_window=n)
+    jl.JitMap(lambda r: r, chunk_bytes=n)
+    jl.FilteredSource(web, indices=[1, 2, 3], num_workers=n)  # (PyTorch's Subset(ds, indices))
     jl.FileListSource(["a.jpg"], labels=np.array([1]))
     jl.checkpoint.LoaderSave
     jl.DataLoder(web, batch_size=2)  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import callable_name, check_bool, check_int, refused_call
+from jaxloader.base.checks import Int, callable_name, check_bool, check_int, refused_call
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.base.loader_names import loader_names
 from jaxloader.base.one_device import one_device
@@ -106,7 +106,7 @@ class JitMap:
     """
 
     def __init__(self, fn: Callable[..., Any], *, random: bool | None = None,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: Int = CHUNK_BYTES) -> None:
         if not callable(fn):
             raise ConfigError(f"JitMap(fn): expected a callable, got {type(fn).__name__} "
                               f"{fn!r:.60}")

@@ -24,12 +24,12 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
-from jaxloader.base.checks import check_int, record_index
+from jaxloader.base.checks import Int, check_int, record_index
 from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
                                    user_stacklevel)
 from jaxloader.base.loader_names import loader_names
@@ -70,8 +70,8 @@ class FilteredSource:
     """
 
     def __init__(self, source: Source, keep: Callable[[Any], Any] | Filter | None = None, *,
-                 indices: np.ndarray | str | os.PathLike | None = None,
-                 num_workers: int = 0) -> None:
+                 indices: np.ndarray | Sequence[int] | str | os.PathLike | None = None,
+                 num_workers: Int = 0) -> None:
         num_workers = check_int("FilteredSource(num_workers=...)", num_workers, low=0,
                                 remedy="the workers that run keep over the source; 0: none")
         source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy

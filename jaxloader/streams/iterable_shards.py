@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.loader_names import loader_names
 from jaxloader.base.own_records import top_copy
-from jaxloader.base.checks import (callable_name, check_int, check_one_argument,
+from jaxloader.base.checks import (Int, callable_name, check_int, check_one_argument,
                                    refused_call)
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
@@ -39,7 +39,7 @@ class Bound:
         return self.make(self.index)
 
 
-def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["IterableShard"]:
+def generator_shards(make: Callable[[int], Iterable], shards: Int) -> list["IterableShard"]:
     """``Stream.from_generator``'s shards: shard ``i`` reads ``make(i)``, ``make`` checked
     first (a generator object cannot start again; a function of no shard number, as tf.data's
     ``from_generator`` takes, would fail at the first read)."""

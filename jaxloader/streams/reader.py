@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 from jaxloader.base.abilities import OLDER
-from jaxloader.base.checks import check_bool, check_int, check_keywords
+from jaxloader.base.checks import Int, check_bool, check_int, check_keywords
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.sources.paths import expand, path_names
@@ -46,7 +46,7 @@ class Stream:
         (4, '<lambda>[1]')
     """
 
-    def __init__(self, shards: Sequence[Shard], *, shuffle_window: int = 0,
+    def __init__(self, shards: Sequence[Shard], *, shuffle_window: Int = 0,
                  shuffle_shards: bool = True) -> None:
         shards = list(shards) if isinstance(shards, Iterable) else [shards]  # (one: a list)
         if not shards:
@@ -141,7 +141,7 @@ class Stream:
         return cls(shards, **check_keywords("Stream.tar", kwargs, _OPTIONS))
 
     @classmethod
-    def from_generator(cls, make: Callable[[int], Iterable], shards: int,
+    def from_generator(cls, make: Callable[[int], Iterable], shards: Int,
                        **kwargs: Any) -> "Stream":
         """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
         shard number; a generator object, which cannot start again, is refused); resumed by
