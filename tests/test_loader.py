@@ -590,6 +590,9 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
     calls = [
         (lambda: jl.DataLoader(src, batch_size=4, transforms=3),
          r"transforms: expected a transform, a function or a list of them, got int 3"),
+        # (run in the set's order: {double, inc} ran inc first)
+        (lambda: jl.DataLoader(src, batch_size=4, transforms={abs, int}),
+         r"transforms: got a set, whose order is not the one written.*pass a list"),
         # (the class: the first batch said "Map(fn): expected a callable, got dict")
         (lambda: jl.DataLoader(src, batch_size=4, transforms=[jl.Map]),
          r"transforms\[0\]: got the class Map, not one of its transforms; make one: Map\(fn\)"),

@@ -112,6 +112,9 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
     if not isinstance(transforms, Iterable) or isinstance(transforms, (str, bytes, Mapping)):
         raise ConfigError(f"transforms: expected a transform, a function or a list of them, "
                           f"got {type(transforms).__name__} {transforms!r:.80}")
+    if isinstance(transforms, (set, frozenset)):  # (run in the set's order: not the one written)
+        raise ConfigError(f"transforms: got a {type(transforms).__name__}, whose order is not "
+                          "the one written, and transforms run in order: pass a list")
     transforms = tuple(transforms)
     record: list = []
     batch: list[Any] = []
