@@ -590,6 +590,10 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
     calls = [
         (lambda: jl.DataLoader(src, batch_size=4, transforms=3),
          r"transforms: expected a transform, a function or a list of them, got int 3"),
+        # (it failed at record 0, in a RecordError of the TypeError)
+        (lambda: jl.FilteredSource(src, lambda r, g: True),
+         r"FilteredSource\(keep\): it is called as keep\(record\), but .*<lambda>\(r, g\) "
+         r"cannot be"),
         # (run in the set's order: {double, inc} ran inc first)
         (lambda: jl.DataLoader(src, batch_size=4, transforms={abs, int}),
          r"transforms: got a set, whose order is not the one written.*pass a list"),

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
-from jaxloader.base.checks import Int, check_int, record_index
+from jaxloader.base.checks import Int, check_int, check_one_argument, record_index
 from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
                                    user_stacklevel)
 from jaxloader.base.loader_names import loader_names
@@ -85,7 +85,8 @@ class FilteredSource:
         if keep is not None and not callable(keep):
             raise ConfigError(f"FilteredSource(keep): expected a function of a record "
                               f"returning True to keep it, got {type(keep).__name__}")
-        if keep is not None:
+        if keep is not None:  # (called with a record alone: one of two arguments failed at
+            check_one_argument("FilteredSource(keep)", keep, "keep(record)")  # the first)
             warn_hashing(keep, "FilteredSource(keep)")
         if keep is not None and indices is not None and not isinstance(indices, (str,
                                                                                  os.PathLike)):
