@@ -595,8 +595,7 @@ def test_a_record_read_by_a_float_or_a_str_is_refused_naming_the_source(tmp_path
                 src[bad]
         assert src[np.array(4)] == src[4]  # (an int of any kind, as before)
     assert sources["RaggedSource"][-1]["t"].tolist() == [4]  # (from the end, as before)
-    with pytest.raises(IndexError, match=r"ParquetSource: index -1 out of range \[0, 5\)$"):
-        sources["ParquetSource"][-1]
+    assert sources["ParquetSource"][-1]["x"] == 4  # (as every source: a list's rule)
     with pytest.raises(IndexError, match=r"ArraySource: index 5 out of range \[0, 5\) \(or "):
         sources["ArraySource"][5]  # (NumPy's "axis 0 with size 5" named no source)
     assert sources["ArraySource"][[1, -1]]["x"].tolist() == [1, 4]  # (rows at once: NumPy's)
@@ -750,3 +749,29 @@ def test_array_source_getitems_refuses_a_mask_and_names_itself_out_of_range():
         source.__getitems__(np.array([1, 20]))
     assert source.__getitems__(np.array([3, 4]))["x"].tolist() == [3, 4]
     assert source.__getitems__([])["x"].tolist() == []
+
+
+def test_every_source_takes_an_index_from_the_end(tmp_path):
+    # ArraySource, MapSource and the file sources took source[-1]; ConcatSource (a mixture's
+    # named "ConcatSource"), ParquetSource, FilteredSource and PackedSource raised IndexError
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    a = jl.ArraySource({"x": np.arange(10)})
+    pq.write_table(pa.table({"x": np.arange(10)}), tmp_path / "a.parquet")
+    sources = [jl.ConcatSource([a, a]), jl.ParquetSource(str(tmp_path / "a.parquet")),
+               jl.FilteredSource(a, indices=np.arange(5)), jl.mix([a, a], [1, 1]),
+               jl.PackedSource(jl.ArraySource({"t": np.ones((4, 3), np.int32)}), "t", 6)]
+    for source in sources:
+        last, first = source[-1], source[-len(source)]
+        assert jax_tree_equal(last, source[len(source) - 1]), source
+        assert jax_tree_equal(first, source[0]), source
+        with pytest.raises(IndexError, match=rf"{type(source).__name__}: index {-len(source) - 1}"
+                                             rf" out of range"):
+            source[-len(source) - 1]
+
+
+def jax_tree_equal(a, b):
+    import jax
+
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
