@@ -128,7 +128,12 @@ def checked_reader_state(state: Any, reader: int) -> dict:
                              f"window's start as it left each shard (ascending ints >= 0), got "
                              f"{crossed!r:.200}; not this stream's")
     files = state.get("crossed_files", [])
-    if not isinstance(files, list) or len(files) > len(crossed) or any(
+    if isinstance(files, list) and len(files) > len(crossed):  # (one a crossing, at most)
+        raise StateDictError(f"stream state: crossed_files holds {len(files)} entries where "
+                             f"crossed holds {len(crossed)} (an entry a crossing)"
+                             + (", the state has no 'crossed'" if "crossed" not in state else "")
+                             + "; it was cut or edited: not this stream's")
+    if not isinstance(files, list) or any(
             f is not None and not _many_files(f) and not (
                 isinstance(f, list) and len(f) == len(_IDENTITY) and all(
                     v is None or type(v) is int and v >= 0 for v in f)) for f in files):

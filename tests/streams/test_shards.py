@@ -1174,6 +1174,12 @@ def test_a_shard_the_window_ran_into_rewritten_with_as_many_records_is_refused(t
     with make() as fresh:
         fresh.load_state_dict(old)
         assert len(list(fresh)) == len(rest)
+    cut = {**state, "readers": [{k: v for k, v in r.items() if k != "crossed"}
+                                for r in state["readers"]]}  # (its crossed_files was blamed)
+    with make() as fresh, pytest.raises(jl.StateDictError, match=r"crossed_files holds 1 "
+                                        r"entries where crossed holds 0 .*, the state has no "
+                                        r"'crossed'; it was cut or edited"):
+        fresh.load_state_dict(cut)
 
 
 def test_generators_shards_of_one_name_are_warned_of_and_named_ones_are_not():
