@@ -59,6 +59,7 @@ def test_repr_says_what_a_loader_reads_how_and_where_it_is():
     assert repr(it) == "LoaderIterator(DataLoader, stale: a later iter() or restore of its loader)"
     loader.close()
     assert repr(later) == "LoaderIterator(DataLoader, closed)"
+    assert repr(loader).endswith("num_workers=0, step=1, closed)")  # (said as the open one)
     pair = jl.ArraySource({"image": np.zeros((3, 2, 2), np.uint8), "label": np.arange(3)})
     assert repr(pair) == "ArraySource(3 records; ['image'] (3, 2, 2) uint8, ['label'] (3,) int64)"
     digits = jl.Stream.from_generator(_digits, shards=4, shuffle_window=10)

@@ -235,7 +235,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         place = "" if self.process_count == 1 else \
             f", process {self.process_index} of {self.process_count}"
         return (f"{type(self).__name__}({self._reads()}, batch_size={self.batch_size}{place}, "
-                f"num_workers={self.num_workers}, step={self.step})")
+                f"num_workers={self.num_workers}, step={self.step}"
+                f"{', closed' if self._progress.closed else ''})")
 
     def _reads(self) -> str:
         """The source (or stream) and its size, for ``repr``."""
