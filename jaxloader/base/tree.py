@@ -211,8 +211,8 @@ def _gather(trees: list, treedef: TreeDef, names: Any, path: str, out: list) -> 
         if by_key is None:
             keyset = set(keys)  # (and of its kind: an OrderedDict among dicts is another
             want = Mapping if kind == "dict" else type(trees[0])  # structure to JAX)
-            if not all(isinstance(t, want) and _mapping_kind(t) == kind and t.keys() == keyset
-                       for t in trees):
+            if not all(isinstance(t, want) and (type(t) is dict or _kind(t)) in (kind, True)
+                       and t.keys() == keyset for t in trees):
                 _raise_mismatch(trees, treedef, names, path)
             by_key = [[t[k] for t in trees] for k in keys]
         for k, child, values in zip(keys, treedef[-1], by_key):
@@ -235,12 +235,6 @@ def _gather(trees: list, treedef: TreeDef, names: Any, path: str, out: list) -> 
         by_child = [[t[i] for t in trees] for i in range(len(children))]
     for name, child, values in zip(_child_names(treedef), children, by_child):
         _gather(values, child, names, path + name, out)
-
-
-def _mapping_kind(tree: Any) -> str:
-    """The treedef kind of a mapping: ``"dict"``, ``"ordered"``, ``"defaultdict"`` (or
-    another kind, for a mapping JAX flattens as a node of its own)."""
-    return "dict" if type(tree) is dict else _kind(tree)
 
 
 def _dict_columns(trees: list, keys: tuple) -> list | None:

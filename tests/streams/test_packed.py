@@ -173,7 +173,8 @@ def test_a_state_is_refused_under_another_tokenize_and_an_older_one_restored_wit
     with loader_of(packed(by_byte)) as same:
         same.load_state_dict(state)
     with loader_of(packed(shifted)) as other:
-        with pytest.raises(jl.StateDictError, match=r"stream\['tokenize'\]: .*PackedStream's tokenize"):
+        with pytest.raises(jl.StateDictError, match=r"stream\['tokenize'\]: .*PackedStream's "
+                                                    r"tokenize"):
             other.load_state_dict(state)
     older = {**state, "stream": {k: v for k, v in state["stream"].items() if k != "tokenize"}}
     with loader_of(packed(by_byte)) as again:  # (saved before: its tokenizer is not known)
