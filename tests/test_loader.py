@@ -92,6 +92,8 @@ def test_pad_needs_dict_records_and_a_free_mask_key():
                                 last_batch="pad", process_index=0, process_count=1)))
     named = loader(last_batch="pad", mask_key="valid")
     assert "valid" in next(iter(named))
+    with pytest.raises(jl.ConfigError, match=r"mask_key: expected a non-empty str .*got str ''"):
+        loader(last_batch="pad", mask_key="")  # (was taken: a batch[""] leaf)
 
 
 def test_epoch_loop_and_num_epochs():

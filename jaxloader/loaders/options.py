@@ -87,9 +87,9 @@ class LoaderOptions:
                 JaxloaderWarning, stacklevel=user_stacklevel())
         keep("unplaced", False)  # (looked at once: a copy, dataclasses.replace, says nothing,
         # and a default device_prefetch is not a given one there)
-        if not isinstance(self.mask_key, str):
-            raise ConfigError(
-                f"mask_key: expected a str (the name of the pad mask leaf), got "
+        if not isinstance(self.mask_key, str) or not self.mask_key:  # ("": a key no one
+            raise ConfigError(  # reads as a name, batch[""])
+                f"mask_key: expected a non-empty str (the name of the pad mask leaf), got "
                 f"{type(self.mask_key).__name__} {self.mask_key!r}"
             )
         if self.unmasked and self.mask_key != "mask":  # (given, to no effect)
