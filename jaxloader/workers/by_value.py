@@ -90,15 +90,16 @@ def renamed_by_value(module: Any) -> None:
             "__main__", "__mp_main__"):
         return
     name = module.__name__
-    if name in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
+    if (name, origin) in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
         return
     if _found_by_name(name, origin):  # (its own file, a finder's alias, a package folder of
-        _FOUND.add(name)  # another name: the workers import it so; registered, the whole
-        return  # process's pickles of its functions would change)
+        _FOUND.add((name, origin))  # another name: the workers import it so; registered, the
+        return  # whole process's pickles of its functions would change)
     cloudpickle.register_pickle_by_value(module)
 
 
-_FOUND: set[str] = set()  # modules of another file name that a finder finds by their name
+_FOUND: set[tuple[str, str]] = set()  # (name, file) of the modules a finder finds by their
+# name in their file (by the name alone, another file loaded later under it was sent so)
 
 
 def _found_by_name(name: str, origin: str) -> bool:

@@ -630,6 +630,12 @@ def test_a_module_loaded_by_its_file_name_beside_another_of_that_name_crosses_by
         (tmp_path / version / "augs_stem_q.py").write_text(
             f"def scale(record):\n    return {{'x': record['x'] * {factor}}}\n")
     monkeypatch.syspath_prepend(str(tmp_path / "v1"))
+    monkeypatch.delitem(sys.modules, "augs_stem_q", raising=False)
+    first = importlib.import_module("augs_stem_q")  # (v1's, by reference: found by its name;
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=4, num_workers=1,
+                       transforms=[jl.Map(first.scale)], process_index=0,  # a name found
+                       process_count=1) as loader:  # once was not checked again)
+        assert next(iter(loader))["x"].tolist() == [0, 1, 2, 3]
     spec = importlib.util.spec_from_file_location("augs_stem_q", tmp_path / "v2" /
                                                   "augs_stem_q.py")
     module = importlib.util.module_from_spec(spec)
