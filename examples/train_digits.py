@@ -306,8 +306,9 @@ def stop_said(main: Any) -> None:
     try:
         main()
     except KeyboardInterrupt:
-        print("\nstopped (Ctrl-C); run the same command again to continue from the latest "
-              "checkpoint", file=sys.stderr)
+        again = "without --fresh" if "--fresh" in sys.argv else "the same way"  # (--fresh
+        print(f"\nstopped (Ctrl-C); run it again {again} to continue from the latest "
+              "checkpoint", file=sys.stderr)  # would delete the checkpoints: the review)
         raise SystemExit(130) from None
 
 

@@ -100,7 +100,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     proc.send_signal(stop)  # Ctrl-C, as its docs say to stop it; others killed outright)
     _, err = proc.communicate(timeout=120)
     if stop == signal.SIGINT:  # (said in a line, not a KeyboardInterrupt's traceback)
-        assert proc.returncode == 130 and "stopped (Ctrl-C); run the same command again to " \
+        assert proc.returncode == 130 and "stopped (Ctrl-C); run it again the same way to " \
             "continue from the latest checkpoint" in err, err[-3000:]
     assert "cannot schedule new futures" not in err, err[-3000:]  # (a Ctrl-C as Orbax
     # committed a checkpoint in its thread lost it, an error printed: 3 of 5 Ctrl-Cs)
@@ -264,3 +264,7 @@ def test_fresh_says_to_continue_without_it(monkeypatch, tmp_path, capsys):
             [*flags, "--checkpoint-dir", str(tmp_path / f"run{len(flags)}")])).close()  # process
         # holds each one's lock for its life)
         assert said in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["train_digits.py", "--fresh"])  # (a Ctrl-C said "run the
+    with pytest.raises(SystemExit):  # same command again", which deleted them: the review)
+        train_digits.stop_said(lambda: signal.default_int_handler(signal.SIGINT, None))
+    assert "stopped (Ctrl-C); run it again without --fresh to continue" in capsys.readouterr().err
