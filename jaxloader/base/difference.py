@@ -53,9 +53,13 @@ def first_apart(key: str, expected: Any, received: Any) -> tuple[str, Any, Any]:
         >>> first_apart("stream", {"mix": [{"w": 1}, {"w": 2}], "bins": 16},
         ...             {"mix": [{"w": 1}, {"w": 2}], "bins": 8})
         ("stream['bins']", 16, 8)
+        >>> first_apart("stream", {"packed": {}, "bins": 8}, {"shards": []})  # (other kinds)
+        ('stream', {'packed': {}, 'bins': 8}, {'shards': []})
     """
     while expected != received:
         if isinstance(expected, dict) and isinstance(received, dict):
+            if not expected.keys() & received.keys():  # (other kinds: a packed stream's and
+                break  # a plain one's, said whole)
             name = next(k for k in [*expected, *received]
                         if expected.get(k, ABSENT) != received.get(k, ABSENT))
             if name not in expected or name not in received:  # (a parameter one holds)
