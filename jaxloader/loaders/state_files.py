@@ -32,6 +32,7 @@ import json
 import os
 import re
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable
 
 from etils import epath
@@ -214,7 +215,9 @@ def _one_step(root: Any, files: list[str], loader: Any) -> None:
     a restore on this count read the first file's without a word (one on the same count
     refuses it at ``iter()``, the processes compared). A file that cannot be read is left to
     the restore that reads it."""
-    steps = {name: _saved_step(root / name) for name in files}
+    with ThreadPoolExecutor(min(32, len(files))) as pool:  # (a pod's files in a bucket: read
+        read = list(pool.map(lambda name: _saved_step(root / name), files))  # at once)
+    steps = dict(zip(files, read))
     if len({step for step in steps.values() if step is not None}) < 2:
         return
     said = "; ".join(f"{name}: step {step}" for name, step in steps.items() if step is not None)
@@ -222,8 +225,8 @@ def _one_step(root: Any, files: list[str], loader: Any) -> None:
         f"checkpoint {root}: the {len(files)} processes that saved it hold the loader at other "
         f"steps ({said}): they saved at different positions (one took more batches than "
         f"another before the save), and a restore on {loader.process_count} process(es) cannot "
-        "tell which to continue; save on every process after the same number of batches, and "
-        "restore an earlier checkpoint step, or this one on as many processes as saved it")
+        "tell which to continue; restore an earlier checkpoint step, and save on every process "
+        "after the same number of batches")
 
 
 def _saved_step(path: Any) -> Any:
