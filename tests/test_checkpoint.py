@@ -405,10 +405,11 @@ def test_a_grain_iterators_state_is_told_for_what_it_is(tmp_path):
                                                     r"= n"):
             restore_into(tmp_path, make(batch_size=4))
         # given straight to load_state_dict (read by hand from Grain's file): told the same
-        for loader in (make(batch_size=4), jl.StreamLoader(jl.Stream.from_generator(
-                lambda shard: range(8), shards=1), batch_size=4, process_index=0,
-                process_count=1)):
-            with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state"):
+        for loader, then in ((make(batch_size=4), r"state\['step'\] = n"), (jl.StreamLoader(
+                jl.Stream.from_generator(lambda shard: range(8), shards=1), batch_size=4,
+                process_index=0, process_count=1), r"start the stream loader afresh")):
+            # (a StreamLoader was told to set its step, which it refuses: the review)
+            with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state.*" + then):
                 loader.load_state_dict(state)
 
 

@@ -323,10 +323,10 @@ _GRAINS = {"last_seen_indices",  # (grain.DataLoader's; a dataset iterator's, mp
            "next_index", "workers_state", "iterations_to_skip"}
 
 
-def grain_state_hint(state: Any) -> str:
+def grain_state_hint(state: Any, stream: bool = False) -> str:
     """What to do with a Grain iterator's state (``grain.checkpoint``'s file, which has the
-    name a loader's state file has, or ``get_state()``'s) given as a loader's; ``""`` for any
-    other state.
+    name a loader's state file has, or ``get_state()``'s) given as a loader's (``stream``: a
+    ``StreamLoader``'s); ``""`` for any other state.
 
     Example:
         >>> grain_state_hint({"next_index": 95})[:40]
@@ -335,6 +335,9 @@ def grain_state_hint(state: Any) -> str:
     if not (isinstance(state, dict) and _GRAINS & set(state)):
         return ""
     return ("; this is a Grain iterator's state (grain.checkpoint), whose order jaxloader "
-            "cannot continue: restore the model's items alone, then start the loader at the "
-            "step trained (state = loader.state_dict(); state['step'] = n; "
-            "loader.load_state_dict(state)), its own order (docs/migrating/grain.md)")
+            "cannot continue: restore the model's items alone, then " + (
+                "start the stream loader afresh (its position is its readers' places, which "
+                "a step set by hand does not move)" if stream else
+                "start the loader at the step trained (state = loader.state_dict(); "
+                "state['step'] = n; loader.load_state_dict(state)), its own order")
+            + " (docs/migrating/grain.md)")

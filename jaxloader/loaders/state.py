@@ -249,7 +249,7 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
                else f"kind {state.get('kind')!r}")
         raise StateDictError(
             f"state: expected a StreamLoader's state_dict() (kind 'stream'), got {got}; a "
-            "DataLoader's state restores into a DataLoader" + grain_state_hint(state))
+            "DataLoader's state restores into a DataLoader" + grain_state_hint(state, True))
     if state.get("version") != STATE_VERSION:
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
                              f"{state.get('version')!r:.120}; this state was written by another "
