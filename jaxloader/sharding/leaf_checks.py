@@ -86,6 +86,11 @@ def rows_remedy(sharding: Any, me: int, process_count: int, G: int, held: int) -
                 "device takes an equal share of the rows, where each process reads the same "
                 "batch_size: make the mesh of as many devices of each process (jax.make_mesh "
                 "over jax.devices()), " + whole)
+    if G // process_count < held < G:  # (split over fewer parts than processes)
+        return (f"the batch axis is split into {G // held} parts where {process_count} "
+                "processes each read their own, so processes share rows: the mesh's other "
+                "axes span processes too; lay the mesh out so that the batch axis alone spans "
+                "the processes (each process's devices along the other axes), " + whole)
     return ("the batch axis is not split across the processes; shard it over a mesh axis "
             "that spans them (data_sharding(mesh, 'data'), 'data' first in the mesh), " + whole)
 

@@ -662,3 +662,25 @@ def test_local_only_is_true_of_this_processs_own_devices_alone(monkeypatch):
     assert not local_only(P("data"))  # (no mesh set: it names no device)
     monkeypatch.setattr(jax, "process_index", lambda *a, **k: 1)  # (host 1's view of them)
     assert not local_only(device) and not local_only({"x": device})
+
+
+def test_a_sharding_that_gives_a_process_other_rows_is_said_by_its_cause():
+    # (read from its devices' processes alone: stand-ins, one device a process, 4 processes of
+    # batch_size=2, G=8). A mesh of unequal shares of the processes' devices, or of a batch axis
+    # split over fewer parts than processes (its other axes spanning processes), was said "the
+    # batch axis is not split across the processes", which it was (the review)
+    from types import SimpleNamespace
+
+    from jaxloader.sharding.leaf_checks import rows_remedy
+
+    def over(*processes):
+        return SimpleNamespace(device_set=[SimpleNamespace(process_index=p) for p in processes])
+
+    assert rows_remedy(over(0), 0, 4, 8, 8).startswith("its mesh holds this process's devices "
+                                                       "alone")
+    assert rows_remedy(over(0, 0, 1), 0, 2, 6, 4).startswith(
+        "the processes hold unequal numbers of its devices (process 0: 2, process 1: 1)")
+    assert rows_remedy(over(0, 1, 2, 3), 0, 4, 8, 4).startswith(
+        "the batch axis is split into 2 parts where 4 processes each read their own")
+    assert rows_remedy(over(0, 1, 2, 3), 0, 4, 8, 8).startswith(
+        "the batch axis is not split across the processes")
