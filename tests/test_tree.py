@@ -28,7 +28,6 @@ def test_gather_names_the_path_and_position_of_a_structure_mismatch():
         gather(trees, structure(trees[0]), names=[11, 12])
 
 
-
 @pytest.mark.parametrize("first", [0, 1])
 def test_records_of_another_container_kind_in_one_batch_are_refused_in_either_order(first):
     # a namedtuple among tuples, an OrderedDict among dicts: other structures to JAX, refused
@@ -40,8 +39,7 @@ def test_records_of_another_container_kind_in_one_batch_are_refused_in_either_or
                                             r"has P of 2 fields.* has tuple of length 2"),
                         ([{"a": 1}, collections.OrderedDict(a=1)],
                          r"has the same keys, in (an OrderedDict \(not a dict|a dict \(not an "
-                         r"OrderedDict)\)"),
-                        ([[1, 2], (1, 2)], "has (list|tuple) of length 2")):
+                         r"OrderedDict)\)")):
         trees = kinds[first:] + kinds[:first]
         with pytest.raises(CollateError, match=said):
             gather(trees, structure(trees[0]), names=[0, 1])

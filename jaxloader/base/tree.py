@@ -211,8 +211,8 @@ def _gather(trees: list, treedef: TreeDef, names: Any, path: str, out: list) -> 
         if by_key is None:
             keyset = set(keys)  # (and of its kind: an OrderedDict among dicts is another
             want = Mapping if kind == "dict" else type(trees[0])  # structure to JAX)
-            if not all(isinstance(t, want) and (type(t) is dict or _kind(t)) in (kind, True)
-                       and t.keys() == keyset for t in trees):
+            if not all(isinstance(t, want) and t.keys() == keyset and (
+                    _kind(t) == kind if type(t) is not dict else kind == "dict") for t in trees):
                 _raise_mismatch(trees, treedef, names, path)
             by_key = [[t[k] for t in trees] for k in keys]
         for k, child, values in zip(keys, treedef[-1], by_key):
