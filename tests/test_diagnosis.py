@@ -440,9 +440,17 @@ def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_o
             jl.profile(shorter, steps=20, out=None)
 
 
+def _slow_record(record):
+    time.sleep(0.001)
+    return record
+
+
 def test_profile_of_a_loader_of_yours_is_its_run_alone_and_leaves_no_batch_in_your_stats():
     # the batches before the profile were in its rate and verdict, and its batches in yours
-    with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, **ONE) as loader:
+    # (batches of 1 ms of work, not 0.3: a loaded machine's pause in the profile's own loop
+    # outweighed those, and the verdict was "step", 1 in a full run beside other jobs)
+    with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, transforms=[_slow_record],
+                       **ONE) as loader:
         for _, _batch in zip(range(6), loader):
             time.sleep(0.05)
         report = jl.profile(loader, steps=20, out=None)
