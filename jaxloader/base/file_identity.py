@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import weakref
 from stat import S_ISREG
 import zlib
 from typing import Any, Sequence
@@ -78,10 +79,55 @@ def open_binary(path: str) -> Any:
         if raw is not None:
             raw.close()
         raise
+    _OPEN.add(raw)
     return raw
 
 
 _NO_WAIT = getattr(os, "O_NONBLOCK", 0)
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the local files open_binary opened, still held
+
+
+def _forking() -> None:
+    """Notes where each file ``open_binary`` opened is, as this process forks: the child's
+    copy starts there (after the fork, this process reads on at once, and moved the offset
+    they share before the child took it)."""
+    _AT.clear()
+    for raw in list(_OPEN):
+        try:
+            _AT[raw.fileno()] = os.lseek(raw.fileno(), 0, os.SEEK_CUR)
+        except (OSError, ValueError):  # (closed meanwhile)
+            continue
+
+
+_AT: dict[int, int] = {}  # descriptor -> offset, as this process forks
+
+
+def _forked() -> None:
+    """In a forked child, each local file ``open_binary`` opened gets an offset of its own,
+    the one the parent's had: the two shared one, and a child that read its copy of a stream
+    (a loader without workers) moved the parent's reads, whose batches lost, repeated and
+    garbled records without a word (the process-model audit). Its descriptor's number stays,
+    so the file object over it goes on as it was."""
+    for raw in list(_OPEN):
+        if raw.closed:
+            continue
+        fd = raw.fileno()
+        try:
+            at = _AT[fd] if fd in _AT else os.lseek(fd, 0, os.SEEK_CUR)
+            own = os.open(f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else raw.name,
+                          os.O_RDONLY | os.O_CLOEXEC)  # (through /proc: the same file, even
+        except OSError:  # one renamed since)
+            raw.close()  # (read no more here: a read in this child would fail, not move the
+            continue  # parent's offset)
+        try:
+            os.lseek(own, at, os.SEEK_SET)
+            os.dup2(own, fd, inheritable=False)
+        finally:
+            os.close(own)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_forking, after_in_child=_forked, after_in_parent=_AT.clear)
 
 
 def ends(raw: Any, size: int | None = None, skip: int = 0) -> dict[str, int]:

@@ -1197,3 +1197,34 @@ def test_generators_shards_of_one_name_are_warned_of_and_named_ones_are_not():
         warnings.simplefilter("error", jl.JaxloaderWarning)
         jl.Stream([jl.IterableShard(lambda: iter(range(5)), name=f"part-{i}") for i in range(2)])
         jl.Stream.from_generator(lambda shard: iter(range(shard)), shards=3)
+
+
+def test_a_forked_child_reading_its_copy_of_a_stream_leaves_the_parents_reads_alone(tmp_path):
+    # a child forked by the user's code (an evaluation process) read on in its copy of a
+    # StreamLoader(num_workers=0): the files' offsets were the parent's too, whose batches then
+    # lost records, repeated and garbled others, without a word (the process-model audit)
+    import os
+
+    for k in range(2):
+        (tmp_path / f"p{k}.txt").write_text("".join(f"line {k} {i:06d}\n" for i in range(20_000)))
+
+    def make():
+        return jl.StreamLoader(jl.Stream.text(sorted(map(str, tmp_path.glob("*.txt")))),
+                               batch_size=64, transforms=[jl.Map(lambda line: {"t": line})],
+                               num_epochs=1, process_index=0, process_count=1)
+    with make() as loader:
+        want = [b["t"].tolist() for b in loader]
+    with make() as loader:
+        it = iter(loader)
+        got = [next(it)["t"].tolist() for _ in range(3)]
+        child = os.fork()
+        if child == 0:  # (reads 12 batches, more than a file's buffer, then ends)
+            try:
+                (tmp_path / "child.json").write_text(json.dumps([next(it)["t"].tolist()
+                                                                 for _ in range(12)]))
+            finally:
+                os._exit(0)
+        got += [b["t"].tolist() for b in it]  # (at once: the child's offset is the one at
+        os.waitpid(child, 0)  # the fork, not where these reads moved it)
+    assert got == want
+    assert json.loads((tmp_path / "child.json").read_text()) == want[3:15]
