@@ -254,8 +254,7 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
                              f"{state.get('version')!r:.120}; this state was written by another "
                              "jaxloader version that this one cannot read")
-    then, now = (isinstance(s, dict) and "mix" in s for s in (state.get("stream"),
-                                                             config.get("stream")))
+    then, now = (_mixes(s) for s in (state.get("stream"), config.get("stream")))
     diffs = [differ(*first_apart(k, v, state.get(k))) for k, v in config.items()
              if state.get(k) != v and (k != "stream" or then == now)]
     if state.get("process_index") != process_index:
@@ -305,6 +304,11 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
                   error=StateDictError, remedy="pass the dict that state_dict() returned, "
                   "unchanged")
     return found
+
+
+def _mixes(stream: Any) -> bool:
+    """Whether a stream's description is a mixture's (a packed one's too)."""
+    return isinstance(stream, dict) and ("mix" in stream or _mixes(stream.get("packed")))
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

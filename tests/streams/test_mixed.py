@@ -553,3 +553,24 @@ def test_an_all_exhausted_mixture_on_two_readers_reads_every_record_each_pass():
         for _ in range(5):
             read = {int(i) for b in loader for i in b["id"][b["mask"]]}
             assert read == every, sorted(every - read)[:8]
+
+
+def test_a_packed_mixtures_state_into_a_mixture_is_refused_showing_both(tmp_path):
+    # a PackedStream over a mixture was taken for a plain stream: the refusal said only "the
+    # state is from a loader over a plain stream, this one reads a mixture" (the review)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"t": list(range(1, 5 + i % 7))}) + "\n" for i in range(50)))
+
+    def mixed():
+        return jl.mix([jl.Stream.jsonl([str(tmp_path / "a.jsonl")]),
+                       jl.Stream.jsonl([str(tmp_path / "b.jsonl")])], [0.5, 0.5])
+
+    def make(stream):
+        return jl.StreamLoader(stream, batch_size=4, process_index=0, process_count=1)
+    with make(jl.PackedStream(mixed(), "t", 16)) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    with make(mixed()) as other, pytest.raises(
+            jl.StateDictError, match=r"\(stream: expected \{'mix': .*received \{'packed': "):
+        other.load_state_dict(state)
