@@ -90,16 +90,18 @@ def renamed_by_value(module: Any) -> None:
             "__main__", "__mp_main__"):
         return
     name = module.__name__
-    if (name, origin) in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
+    found = (name, origin, os.getcwd())  # (a folder of sys.path's '' is the current one)
+    if found in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
         return
     if _found_by_name(name, origin):  # (its own file, a finder's alias, a package folder of
-        _FOUND.add((name, origin))  # another name: the workers import it so; registered, the
-        return  # whole process's pickles of its functions would change)
+        _FOUND.add(found)  # another name: the workers import it so; registered, the whole
+        return  # process's pickles of its functions would change)
     cloudpickle.register_pickle_by_value(module)
 
 
-_FOUND: set[tuple[str, str]] = set()  # (name, file) of the modules a finder finds by their
-# name in their file (by the name alone, another file loaded later under it was sent so)
+_FOUND: set[tuple[str, str, str]] = set()  # (name, file, folder) of the modules a finder
+# finds by their name in their file, from that folder (by the name alone, another file loaded
+# later under it was sent so; a notebook's module of its folder, found before it changed folder)
 
 
 def _found_by_name(name: str, origin: str) -> bool:

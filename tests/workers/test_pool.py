@@ -1447,6 +1447,9 @@ def test_a_module_the_workers_cannot_import_is_named_with_where_this_process_fou
     import helpers_left_behind
     import helpers_left_source
 
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=4, num_workers=1,
+                       transforms=[helpers_left_source.same]) as loader:  # (found by its name
+        next(iter(loader))  # here: it was not checked again from the next folder)
     monkeypatch.chdir(tmp_path / "second")
     with pytest.raises(jl.WorkerError, match=(
             rf"No module named 'helpers_left_behind' \(this process imported "
