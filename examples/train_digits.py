@@ -102,7 +102,8 @@ def parse_args(argv: list[str] | None = None,
     """The job's flags (``argv``, else the command line's); ``checkpoint_dir`` is
     ``--checkpoint-dir``'s default (the NNX example keeps its runs apart from this one's),
     ``description`` what ``--help`` says (the NNX example's own docstring)."""
-    parser = argparse.ArgumentParser(description=description,
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False,  # (--fre
+                                     # was --fresh, which the Ctrl-C line reads by its name)
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=counted(1), default=1000, help="total training steps")
     parser.add_argument("--batch-size", type=counted(1), default=64)

@@ -127,7 +127,8 @@ def next_token_loss(logits: jax.Array, batch: dict) -> jax.Array:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,  # (stop_said
+                                     # reads --fresh by its name)
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=counted(1), default=300, help="total training steps")
     parser.add_argument("--batch-size", type=counted(1), default=16)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.difference import MAPPING_SAID
 from jaxloader.base.errors import CollateError, JaxloaderWarning, user_stacklevel
 
 _TEXT = {"U": "str", "S": "bytes"}
@@ -211,9 +212,8 @@ def _first_difference(now: Any, then: Any, path: str = "") -> tuple[str, str, st
         if isinstance(s, str):
             return "None" if s == "none" else "a leaf"
         kind = s[0]
-        if kind in ("dict", "ordered", "defaultdict"):
-            name = {"dict": "a dict", "ordered": "an OrderedDict", "defaultdict": "a defaultdict"}
-            return f"{name[kind]} of keys [{', '.join(sorted(repr(k) for k, _ in s[1]))}]"
+        if kind in MAPPING_SAID:
+            return f"{MAPPING_SAID[kind]} of keys [{', '.join(sorted(repr(k) for k, _ in s[1]))}]"
         if kind in ("namedtuple", "node"):
             return f"a {s[1].__name__}"
         return f"a {kind} of {len(s[-1])}"

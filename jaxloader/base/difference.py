@@ -92,8 +92,9 @@ def keys_apart(first: Any, other: Any) -> str | None:
             f", ... {len(listed) - 10:,} more]" if len(listed) > 10 else "]")
     apart = [f"lacks {shown(want - got)}"] if want - got else []
     apart += [f"has {shown(got - want)}, which the other lacks"] if got - want else []
-    return " and ".join(apart) or (f"has the same keys, in {_MAPPING_SAID[other[0]]} (not "
-                                   f"{_MAPPING_SAID[first[0]]})")
+    return " and ".join(apart) or (f"has the same keys, in {MAPPING_SAID[other[0]]} (not "
+                                   f"{MAPPING_SAID[first[0]]})")
 
 
-_MAPPING_SAID = {"dict": "a dict", "ordered": "an OrderedDict", "defaultdict": "a defaultdict"}
+# a mapping treedef kind, as messages name it
+MAPPING_SAID = {"dict": "a dict", "ordered": "an OrderedDict", "defaultdict": "a defaultdict"}

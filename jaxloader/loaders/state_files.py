@@ -215,7 +215,9 @@ def _one_step(root: Any, files: list[str], loader: Any) -> None:
     a restore on this count read the first file's without a word (one on the same count
     refuses it at ``iter()``, the processes compared). A file that cannot be read is left to
     the restore that reads it."""
-    with ThreadPoolExecutor(min(32, len(files))) as pool:  # (a pod's files in a bucket: read
+    if len(files) < 2:
+        return
+    with ThreadPoolExecutor(min(16, len(files))) as pool:  # (a pod's files in a bucket: read
         read = list(pool.map(lambda name: _saved_step(root / name), files))  # at once)
     steps = dict(zip(files, read))
     if len({step for step in steps.values() if step is not None}) < 2:
