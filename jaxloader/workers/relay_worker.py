@@ -98,7 +98,10 @@ class _Kept:
                 self.flusher = threading.Thread(target=self._flush_now_and_then, daemon=True,
                                                 name="jaxloader-relay")
         if start:
-            self.flusher.start()  # type: ignore[union-attr]
+            try:
+                self.flusher.start()  # type: ignore[union-attr]
+            except RuntimeError:  # (at the process limit, ulimit -u: what is kept goes with
+                pass  # each task's batches, not also now and then between; never tried again)
         conn = self.conn  # (a transform does not wait for the pipe: sent while it has room,
         if urgent and conn is not None and _SENDING.acquire(timeout=_SEND_WAIT_S):  # else later)
             try:

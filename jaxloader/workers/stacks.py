@@ -41,10 +41,11 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from multiprocessing import resource_tracker
 from typing import Any
 
-from jaxloader.base.errors import JaxloaderError
+from jaxloader.base.errors import JaxloaderError, JaxloaderWarning
 from jaxloader.runtime import shm
 from jaxloader.runtime.descriptors import descriptors_of
 from jaxloader.runtime.limits import process_limits
@@ -297,13 +298,17 @@ class WorkerStacks:
         try:
             threading.Thread(target=self._answer_requests, args=(ask_fd,),
                              name="jaxloader-stacks", daemon=True).start()
-        except RuntimeError as e:  # (a bare "can't start new thread", blamed on the payload)
+        except RuntimeError as e:  # (a bare "can't start new thread")
             for fd in (ask_fd, *(() if crash_dumps else (stack_fd,))):
                 os.close(fd)
-            raise RuntimeError(
-                f"{e}: a worker's own thread (its stacks, for stall reports) could not start: "
-                f"this user's processes and threads are at their limit ({process_limits()}), or "
-                "memory is short; raise the limit, or use fewer workers") from e
+            # The worker goes on without it: its batches need no thread of their own (it ended
+            # the worker, and so the run, where num_workers="auto" added one at the limit).
+            warnings.warn(
+                f"{e}: this worker's stack thread (its stacks, for stall reports) could not "
+                f"start: this user's processes and threads are at their limit "
+                f"({process_limits()}), or memory is short; it makes batches without it, and a "
+                "stall report holds no stack of it: raise the limit, or use fewer workers",
+                JaxloaderWarning, stacklevel=2)
 
     def close(self) -> None:
         self._closed.set()

@@ -373,3 +373,20 @@ def test_a_module_that_warns_as_it_is_imported_starts_workers_made_under_error_a
                            transforms=[jl.Map(noisy_import.double)], process_index=0,
                            process_count=1) as loader:
             assert [b["x"].tolist()[0] for b in loader] == [0, 8, 16, 24]
+
+
+def test_what_a_worker_says_is_kept_where_its_relay_thread_cannot_start(monkeypatch):
+    # at the process limit (ulimit -u) the relay's thread did not start, and the warning that
+    # said so ended the worker: num_workers="auto" adding one there broke the run (the
+    # process-model audit); what is kept goes with the next task's batches
+    import threading
+
+    kept = relay_worker._Kept()
+    kept.conn = object()  # (a worker's pipe: only the thread's start is at stake here)
+
+    def refused(thread):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    kept.keep(["w", "UserWarning: one"], False)
+    kept.keep(["w", "UserWarning: two"], False)
+    assert [item[1] for item in kept.items] == ["UserWarning: one", "UserWarning: two"]
