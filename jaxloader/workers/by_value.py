@@ -90,7 +90,7 @@ def renamed_by_value(module: Any) -> None:
             "__main__", "__mp_main__"):
         return
     name = module.__name__
-    found = (name, origin, os.getcwd())  # (a folder of sys.path's '' is the current one)
+    found = (name, origin, _current_folder())  # (sys.path's '' is the current folder)
     if found in _FOUND or name in cloudpickle.list_registry_pickle_by_value():
         return
     if _found_by_name(name, origin):  # (its own file, a finder's alias, a package folder of
@@ -99,7 +99,15 @@ def renamed_by_value(module: Any) -> None:
     cloudpickle.register_pickle_by_value(module)
 
 
-_FOUND: set[tuple[str, str, str]] = set()  # (name, file, folder) of the modules a finder
+def _current_folder() -> str | None:
+    """The current folder; ``None`` where it was deleted (sys.path's '' finds nothing there)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+_FOUND: set[tuple[str, str, str | None]] = set()  # (name, file, folder) of the modules a finder
 # finds by their name in their file, from that folder (by the name alone, another file loaded
 # later under it was sent so; a notebook's module of its folder, found before it changed folder)
 
