@@ -92,7 +92,11 @@ def _forking() -> None:
     copy starts there (after the fork, this process reads on at once, and moved the offset
     they share before the child took it)."""
     _AT.clear()
-    for raw in list(_OPEN):
+    try:
+        files = list(_OPEN)
+    except RuntimeError:  # (another thread opened a file as this one forks: the child takes
+        return  # the offsets as it starts instead)
+    for raw in files:
         try:
             _AT[raw.fileno()] = os.lseek(raw.fileno(), 0, os.SEEK_CUR)
         except (OSError, ValueError):  # (closed meanwhile)
