@@ -126,31 +126,30 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
-def record_index(index: object, size: int, owner: str, *, from_end: bool = False) -> int:
+def record_index(index: object, size: int, owner: str) -> int:
     """``index`` as the int position of one of ``owner``'s ``size`` records (an int of any
-    kind: NumPy's, a 0-d array; with ``from_end``, ``-1`` the last, as a list's). A float
+    kind: NumPy's, a 0-d array; ``-1`` the last, as a list's). A float
     (``source[len(source) / 2]``, read as another record by a cut) or a str raises a
     ``TypeError`` naming ``owner``; a position out of range an ``IndexError``.
 
     Example:
-        >>> record_index(np.int64(3), 10, "ParquetSource"), record_index(-1, 10, "S", from_end=True)
+        >>> record_index(np.int64(3), 10, "ParquetSource"), record_index(-1, 10, "S")
         (3, 9)
         >>> record_index(2.5, 10, "S")
         Traceback (most recent call last):
         ...
-        TypeError: S[2.5]: expected an int in [0, 10), got float; pass an int: source[int(i)]
+        TypeError: S[2.5]: expected an int in [-10, 10), got float; pass an int: source[int(i)]
     """
     at = scalar_int(index)
     if isinstance(at, bool) or not isinstance(at, (int, np.integer)):  # (True: record 1)
-        span = f"[-{size}, {size})" if from_end else f"[0, {size})"
-        raise TypeError(f"{owner}[{index!r:.40}]: expected an int in {span}, got "
+        raise TypeError(f"{owner}[{index!r:.40}]: expected an int in [-{size}, {size}), got "
                         f"{type(index).__name__}; pass an int: source[int(i)]")
     at = int(at)
-    if from_end and -size <= at < 0:
+    if -size <= at < 0:
         return at + size
     if not 0 <= at < size:
-        raise IndexError(f"{owner}: index {at} out of range [0, {size})" + (
-            f" (or [-{size}, -1] from the end)" if from_end else ""))
+        raise IndexError(f"{owner}: index {at} out of range [0, {size}) (or [-{size}, -1] from "
+                         "the end)")
     return at
 
 

@@ -131,7 +131,7 @@ class FilteredSource:
         return len(self.indices)
 
     def __getitem__(self, index: int) -> Any:
-        index = record_index(index, len(self.indices), "FilteredSource", from_end=True)
+        index = record_index(index, len(self.indices), "FilteredSource")
         return self.source[int(self.indices[index])]
 
     def record_origin(self, index: int) -> str | None:

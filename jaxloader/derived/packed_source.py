@@ -167,7 +167,7 @@ class PackedSource:
         return self.plan.rows
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        index = record_index(index, len(self), "PackedSource", from_end=True)
+        index = record_index(index, len(self), "PackedSource")
         return {k: v[0] for k, v in self.__getitems__(np.array([index])).items()}
 
     def __getitems__(self, rows: np.ndarray) -> dict[str, np.ndarray]:

@@ -98,7 +98,7 @@ class ArrayRecordSource:
         return files_fingerprints("array_record", len(self), self.paths, self._starts.tobytes())
 
     def __getitem__(self, index: int) -> bytes:
-        index = record_index(index, len(self), "ArrayRecordSource", from_end=True)
+        index = record_index(index, len(self), "ArrayRecordSource")
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         return self._read(k, [int(index - self._starts[k])])[0]
 

@@ -176,14 +176,14 @@ class ArraySource:
         if type(index) is not int and not isinstance(index, (slice, list)) and not (
                 isinstance(index, np.ndarray) and index.ndim):  # (rows at once: NumPy's)
             # True read every record, under one more axis; a float raised NumPy's error
-            index = record_index(index, self._len, "ArraySource", from_end=True)
+            index = record_index(index, self._len, "ArraySource")
         try:
             if self._items is not None:  # fast path for the common flat dict
                 return {k: a[index] for k, a in self._items}
             return tree_lib.unflatten(self._treedef, [a[index] for a in self._arrays])
         except IndexError:  # (NumPy's names no source, nor its range)
             if isinstance(index, (int, np.integer)):
-                record_index(index, self._len, "ArraySource", from_end=True)
+                record_index(index, self._len, "ArraySource")
             else:  # (rows at once: the first out of range, as a batched read names it)
                 rows = np.asarray(index).ravel()
                 bad = rows[(rows < -self._len) | (rows >= self._len)] if rows.dtype.kind in \

@@ -167,7 +167,7 @@ class ConcatSource:
         return f"{found} in {self.label(part)}" if found else f"{self.label(part)} record {local}"
 
     def __getitem__(self, index: int) -> Any:
-        index = record_index(index, len(self), type(self).__name__, from_end=True)
+        index = record_index(index, len(self), type(self).__name__)
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         return self.sources[part][int(index - self.offsets[part])]
 

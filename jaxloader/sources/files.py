@@ -110,7 +110,7 @@ class FileListSource:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        index = record_index(index, len(self.paths), "FileListSource", from_end=True)
+        index = record_index(index, len(self.paths), "FileListSource")
         given = path = self.paths[index]
         here = getattr(self, "_here", None)  # (a source pickled by a jaxloader before it)
         if here is not None and "://" not in path and not os.path.isabs(path):

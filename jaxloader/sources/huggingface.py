@@ -140,7 +140,7 @@ class HuggingFaceSource:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        index = record_index(index, len(self.dataset), "HuggingFaceSource", from_end=True)
+        index = record_index(index, len(self.dataset), "HuggingFaceSource")
         self._mapped.soon()  # (a record's read: its files at most every 10 ms; a batch's each)
         row = self.dataset[index]
         if self._nulls:

@@ -132,7 +132,7 @@ class MapSource:
 
     def __getitem__(self, index: int) -> Any:
         if self.batched:  # (a float refused, not cut; -1 the last record)
-            index = record_index(index, len(self), "MapSource", from_end=True)
+            index = record_index(index, len(self), "MapSource")
             columns = self._columns(np.array([index], np.int64))
             return _first_row(self._watched(lambda: self._named(self.fn, columns)))
         record = top_copy(self.source[index])  # (its source's own: fn may set a key)

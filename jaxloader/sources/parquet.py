@@ -194,7 +194,7 @@ class ParquetSource:
         return parquet_footers.lengths(self, key)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        index = record_index(index, len(self), "ParquetSource", from_end=True)
+        index = record_index(index, len(self), "ParquetSource")
         group = int(np.searchsorted(self._starts, index, side="right")) - 1
         decoded = self._decoded(group)
         row = int(index - self._starts[group])

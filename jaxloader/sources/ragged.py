@@ -122,7 +122,7 @@ class RaggedSource:
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         self.check_mapped(soon=True)
-        index = record_index(index, self._len, "RaggedSource", from_end=True)
+        index = record_index(index, self._len, "RaggedSource")
         out = {}
         for key, values in self._values.items():
             offsets = self._offsets[key]
