@@ -130,6 +130,16 @@ def test_sequences_of_python_objects_or_of_other_dtypes_are_refused_where_values
     assert np.isnan(nan[0]["x"][1]) and nan[0]["x"][2] == 2.0**60
 
 
+def test_a_key_empty_in_every_sequence_keeps_its_arrays_dtype():
+    # (the packing audit) it became int64, and the rows packed from it with it
+    ragged = jl.RaggedSource.from_sequences({"a": [np.zeros(0, np.int32)],
+                                             "b": [np.array([1], np.int32)]})
+    assert ragged[0]["a"].dtype == np.int32
+    row = jl.PackedSource(ragged, ["a", "b"], 2)[0]
+    assert (row["a"].dtype, row["b"].dtype) == (np.int32, np.int32)
+    assert jl.RaggedSource.from_sequences({"a": [[]]})[0]["a"].dtype == np.int64  # (a list's)
+
+
 def test_any_source_of_dict_records_packs_like_a_ragged_one():
     source, _ = documents(60)
     records = [{"tokens": np.array(source[i]["tokens"]), "label": i} for i in range(len(source))]

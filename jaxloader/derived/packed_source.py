@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -360,11 +359,7 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
         lambda got: ConfigError(f"PackedSource: record {index}: expected a dict with key "
                                 f"{key!r} (a 1-D token array), got {got}"),
         lambda problem: ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D "
-                                    f"array of numbers (tokens, a value a step), got {problem}"
-                                    + ("; a key of several axes (a step's (T, 4) observations) "
-                                       "cannot be packed: pack an index key and gather them in "
-                                       "a Map after" if re.match(r"shape \(\d+, ", problem)
-                                       and "[0]" not in problem else "")))
+                                    f"array of numbers (tokens, a value a step), got {problem}"))
 
 
 def _gather_records(source: Any, records: np.ndarray, key: str, look: Any,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxloader.base.number_kinds import held_as, ml_number
+from jaxloader.base.number_kinds import held_as, ml_number, number_kind
 from jaxloader.base.errors import ConfigError
 
 
@@ -112,10 +112,12 @@ def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str
     except ValueError:  # (lists of other lengths: NumPy 2 makes no object array of them)
         return np.empty(0, object), f"lists of other lengths{nested}"
     if array.ndim != 1 or ((array.size or not empty_of_any_dtype)
-                           and array.dtype.kind not in "biuf"):
+                           and number_kind(array.dtype) not in "biuf"):  # (bfloat16 too)
         return array, f"shape {array.shape} dtype {array.dtype}" + (
             " (a tokenizer's return_tensors='np' gives one row of tokens: pass its [0])"
-            if array.ndim == 2 and array.shape[0] == 1 else nested
+            if array.ndim == 2 and array.shape[0] == 1 else
+            "; a key of several axes (a step's (T, 4) observations) cannot be packed: pack an "
+            "index key and gather them in a Map after" if array.ndim >= 2 else nested
             if array.dtype == object and array.size and isinstance(
                 array.flat[0], (list, tuple, np.ndarray)) else " (text: tokenize it first: "
             "a PackedStream's tokenize=, a MapSource under a PackedSource)"

@@ -86,8 +86,9 @@ class RaggedSource:
                         f"{_FLAT_ONLY}")
             offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
             if dtype is None:  # (an empty record, np.asarray([]), is float64: the values' own
-                held = [a.dtype for a in arrays if a.size]  # dtype, not a float for all)
-                common = np.result_type(*held) if held else np.dtype(np.int64)
+                held = [a.dtype for a in arrays if a.size] or [  # dtype, not a float for all;
+                    a.dtype for a, s in zip(arrays, seqs) if hasattr(s, "dtype")]  # all empty:
+                common = np.result_type(*held) if held else np.dtype(np.int64)  # arrays' own)
                 _check_promoted(key, arrays, common)
                 arrays = [a if a.size else a.astype(common) for a in arrays]
             values = np.concatenate(arrays) if arrays else np.zeros(0, dtype or np.int64)

@@ -46,6 +46,7 @@ import numpy as np
 from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import Int, check_int, check_one_argument
 from jaxloader.base.loader_names import loader_names
+from jaxloader.base.number_kinds import number_kind
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import check_field_names, check_fill, fill_values, fills_said
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
@@ -196,7 +197,7 @@ def _dtypes(dtype: Any, keys: list[str]) -> list[np.dtype]:
     for i, key in enumerate(keys):
         named = given.get(key, np.int32)
         try:
-            kind: str = np.dtype(named).kind
+            kind: str = number_kind(np.dtype(named))  # (bfloat16: a float)
         except TypeError:  # (a name NumPy does not know: 'int33')
             kind = ""
         if kind not in (("i", "u") if i == 0 else ("b", "i", "u", "f")):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning, RecordError, user_stacklevel
+from jaxloader.base.number_kinds import cast_kept, iinfo_of, number_kind
 from jaxloader.plans.packed_rows import record_tokens
 
 LOOKS = 64  # records looked at for keys as long as the tokens, left out (said once)
@@ -85,19 +86,29 @@ def tokens_of(record: Any, key: str, dtype: np.dtype, first: bool) -> np.ndarray
         raise RecordError(f"PackedStream: record[{key!r}]: expected integer tokens, got bools "
                           f"(shape {value.shape}); pack the token ids first: key=[ids, "
                           f"{key!r}]")
-    if value.size and value.dtype.kind == "f" and dtype.kind != "f":
+    if value.size and number_kind(value.dtype) == "f" and number_kind(dtype) != "f":
         raise RecordError(
             f"PackedStream: record[{key!r}]: expected 1-D integer tokens, got shape "
-            f"{value.shape} dtype {value.dtype}" if first else
+            f"{value.shape} dtype {value.dtype}; token ids are integers: make them so where "
+            f"the records are made (np.asarray(ids, np.int32)) or in tokenize=" if first else
             f"PackedStream: record[{key!r}] holds {value.dtype} values, packed as {dtype}; "
             f"pass dtype={{{key!r}: np.float32, ...}} for it")
-    if value.size and dtype.kind in "iu" and not np.can_cast(value.dtype, dtype):
-        info = np.iinfo(dtype)  # (a tokenizer's int64 ids)
+    if value.size and not np.can_cast(value.dtype, dtype) and (  # (a tokenizer's int64 ids:
+            _past(value, iinfo_of(dtype)) if number_kind(value.dtype) in "iu" and  # their
+            number_kind(dtype) in "iu" else cast_kept(value, dtype)[1]):  # range; a float: inf)
         low, high = value.min(), value.max()
-        if low < info.min or high > info.max:
-            raise RecordError(f"PackedStream: record[{key!r}] holds tokens outside {dtype} "
-                              f"([{low}, {high}]); pass dtype= a wider integer")
+        raise RecordError(
+            f"PackedStream: record[{key!r}] holds {'tokens' if first else 'values'} outside "
+            f"{dtype} ([{low}, {high}]); pass dtype= a wider "
+            + (("integer" if first else f"integer for it: dtype={{{key!r}: np.int64, ...}}")
+               if number_kind(dtype) in "iu" else
+               f"float for it: dtype={{{key!r}: np.float32, ...}}"))
     return value
+
+
+def _past(value: np.ndarray, info: Any) -> bool:
+    """Whether an int array holds a value past ``info``'s range (``np.iinfo``)."""
+    return bool(value.min() < info.min or value.max() > info.max)
 
 
 def warn_truncated(packed: Any, lengths: list[int]) -> None:

@@ -251,6 +251,46 @@ def test_bad_input_is_named():
             next(iter(loader))
 
 
+def test_a_float_key_past_its_dtype_or_in_bfloat16_is_refused_or_packed_as_an_int_key_is():
+    # (the packing audit) a weight past float16 was packed as inf without a word (an int key
+    # past its dtype was refused); bfloat16 (kind 'V' to NumPy) was refused as a key's dtype
+    import ml_dtypes
+
+    def stream_of(weights, dtype):
+        records = [{"tokens": np.array([1, 2]), "w": np.array(weights)}]
+        return jl.PackedStream(jl.Stream.from_generator(lambda s: iter(records), 1),
+                               ["tokens", "w"], 4, dtype={"w": dtype})
+    for weights, dtype, said in [([70_001.0, 1e6], np.float16, r"float16 \(\[70001.0, "),
+                                 ([0.5, 1e39], ml_dtypes.bfloat16, r"bfloat16 \(\[0.5, 1e\+39\]"),
+                                 ([1, 70_001], np.int16, r"int16 \(\[1, 70001\]")]:
+        with loader_of(stream_of(weights, dtype), batch_size=1, num_epochs=1) as loader:
+            with pytest.raises(jl.RecordError, match=r"record\['w'\] holds values outside "
+                                                     + said + r".*a wider .*dtype=\{'w': "):
+                next(iter(loader))
+    with loader_of(stream_of([0.5, 3.0], ml_dtypes.bfloat16), batch_size=1,
+                   num_epochs=1) as loader:
+        row = next(iter(loader))
+    assert row["w"].dtype == ml_dtypes.bfloat16 and row["w"].tolist() == [[0.5, 3.0, 0, 0]]
+    weighted = [{"t": np.array([1, 2, 3]), "w": np.array([0.5, 1, 2], ml_dtypes.bfloat16)}]
+    packed = jl.PackedSource(weighted, ["t", "w"], 4)[0]  # (a RaggedSource's were packed)
+    assert packed["w"].dtype == ml_dtypes.bfloat16 and packed["w"].tolist() == [0.5, 1, 2, 0]
+
+
+def test_a_stream_s_bad_tokens_get_the_remedy_a_source_s_do():
+    # (the packing audit) 2-D tokens and float ids were refused by a PackedStream with no remedy
+    several = r"shape \(2, 3\) dtype int32; a key of several axes .*pack an index key"
+    for tokens, said in [(np.ones((2, 3), np.int32), several),
+                         (np.ones(2), r"dtype float64; token ids are integers: .*np.int32")]:
+        records = [{"tokens": tokens}]
+        packed = jl.PackedStream(jl.Stream.from_generator(lambda s: iter(records), 1),
+                                 "tokens", 8)
+        with loader_of(packed, num_epochs=1) as loader:
+            with pytest.raises(jl.RecordError, match=said):
+                next(iter(loader))
+    with pytest.raises(jl.ConfigError, match=r"PackedSource: record 0\['tokens'\]: .*" + several):
+        jl.PackedSource([{"tokens": np.ones((2, 3), np.int32)}], "tokens", 8)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_bad_record_is_named_by_its_file_and_line(tmp_path, workers):
     # in a corpus of many files it was named by its reader alone
