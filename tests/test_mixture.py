@@ -3,6 +3,7 @@ elastic resume, weight changes that leave earlier steps alone."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from fractions import Fraction
 
@@ -318,7 +319,27 @@ def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed(
     with pytest.raises(jl.RecordError, match=r"\(its source's record 7 in '(math|code)'\)"):
         list(jl.DataLoader(jl.mix(subsets, {"math": 0.5, "code": 0.5}), batch_size=4,
                            transforms=[jl.Map(check)], num_epochs=1))
-    jl.mix([cls, seg], [1, 0], from_step={10: [0, 1]})  # (never in one batch: a schedule)
+    phases = jl.mix([cls, seg], [1, 0], from_step={10: [0, 1]})  # (never in one batch)
+    # ... but in one loader, whose batches are all of one kind: a run of it stopped at step
+    # 10 (the mixtures audit); refused as the loader is made, unless a Map may make them alike
+    with pytest.raises(jl.ConfigError, match=r"keys \['image', 'label'\] in mix\(sources\)\[0\]"
+                                             r".*or pass the loader a Map that makes every "
+                                             r"record of one kind\. Its schedule .*stop at the "
+                                             r"step that moves"):
+        jl.DataLoader(phases, batch_size=8, shuffle=True)
+    wide = jl.ArraySource({"image": np.zeros((40, 4)), "label": np.zeros(40, np.int64)})
+    with pytest.raises(jl.ConfigError, match=r"float32\(4,\) in mix\(sources\)\[0\], "
+                                             r"float64\(4,\) in mix\(sources\)\[1\].*Its sch"):
+        jl.DataLoader(jl.mix([cls, wide], [1, 0], from_step={10: [0, 1]}), batch_size=8)
+    larger = jl.ArraySource({"image": np.ones((40, 6), np.float32),
+                             "label": np.ones(40, np.int64)})  # (row sizes may change)
+    with jl.DataLoader(jl.mix([cls, larger], [1, 0], from_step={2: [0, 1]}),
+                       batch_size=8) as loader:
+        assert [b["image"].shape[1] for b in itertools.islice(loader, 4)] == [4, 4, 6, 6]
+    same = jl.Map(lambda r: {"image": r["image"]})
+    with jl.DataLoader(jl.mix([cls, seg], [1, 0], from_step={4: [0, 1]}), batch_size=8,
+                       transforms=[same]) as loader:
+        assert len(list(loader)) == 10
     # records of 256 KiB or more are read one by one: a record Map may make them alike (a
     # crop of two sites' volumes of other sizes, the review)
     site_a = jl.ArraySource({"vol": np.zeros((4, 64, 64, 64), np.float32)})
@@ -767,8 +788,13 @@ def test_components_that_differ_across_a_change_inside_a_step_are_refused_as_mad
                                   r"step 341, whose batch holds both weights' components: .*"
                                   r"float32\(\) in mix\(sources\)\[0\], float64\(\)"):
         jl.DataLoader(mixture, batch_size=3, process_index=0, process_count=1)
-    with pytest.warns(jl.JaxloaderWarning):  # (a change at a step's start: each regime alone)
+    with pytest.warns(jl.JaxloaderWarning), pytest.raises(  # (a change at a step's start:
+            jl.ConfigError, match=r"float32\(\) in mix\(sources\)\[0\], float64\(\) .*Its "
+                                  r"schedule"):  # each regime alone; but one loader's batches)
         jl.DataLoader(mixture, batch_size=6, process_index=0, process_count=1)
+    alike = jl.mix(parts, [1, 0, 0], from_step={5: [0, 0, 1]})
+    with pytest.warns(jl.JaxloaderWarning):
+        jl.DataLoader(alike, batch_size=6, process_index=0, process_count=1)
 
 
 def test_a_large_blocks_indices_are_made_once_not_each_span(monkeypatch):

@@ -192,6 +192,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         for part in walk(source) if batch_size > 1 else ():  # (parts read together: refused
             if type(part) is ConcatSource:  # at the first batch that held both, hours in)
                 part.check_alike(list(range(len(part.sources))))
+        if isinstance(source, Mixture) and not transforms:  # (a Map may make them alike)
+            source.check_phases()
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)

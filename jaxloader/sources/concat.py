@@ -212,19 +212,36 @@ class ConcatSource:
             return records
         return merged(pieces, len(parts), lambda i: self.label(of[i]))
 
-    def check_alike(self, parts: list[int]) -> None:
+    def check_alike(self, parts: list[int], shapes: bool = True) -> None:
         """Refuses ``parts`` (read together in batches), ``ArraySource`` parts whose rows
         would not merge into one batch (other keys, dtypes, row shapes), as a batch of them
         would: known now, with no read (a mixture's component of small weight was first read
-        at step 12, and refused there)."""
+        at step 12, and refused there). ``shapes=False``: parts read in batches of their own
+        (a schedule's phases), which may differ in row shapes, not in ranks (a loader's
+        batches are of one kind: ``base.batch_kinds``)."""
         arrays = [p for p in parts if type(self.sources[p]) is ArraySource]
         if len(arrays) > 1 and not large_views(self):  # (records read one by one, as views:
             # a record Map may make them alike, a crop of volumes of two sizes)
+            rows = [cast(ArraySource, self.sources[p]).__getitems__(np.arange(0))
+                    for p in arrays]
+            if not shapes:  # (each leaf of the first's rank given the first's row shape)
+                first, treedef = tree_lib.flatten(rows[0])
+                for i, one in enumerate(rows):
+                    leaves, other = tree_lib.flatten(one)
+                    if other == treedef:
+                        rows[i] = tree_lib.unflatten(treedef, [
+                            np.empty(f.shape, a.dtype) if a.ndim == f.ndim else a
+                            for a, f in zip(leaves, first)])
             try:
-                merged([(np.arange(0), cast(ArraySource, self.sources[p]).__getitems__(
-                    np.arange(0))) for p in arrays], 0, lambda i: self.label(arrays[i]))
+                merged([(np.arange(0), r) for r in rows], 0, lambda i: self.label(arrays[i]))
             except CollateError as e:
-                raise ConfigError(str(e)) from None
+                raise ConfigError(str(e) if shapes else str(e).replace(
+                    " (a Map on the loader cannot: parts are read together)",
+                    ", or pass the loader a Map that makes every record of one kind. Its "
+                    "schedule (jl.mix(from_step=)) reads them at other steps, and a loader's "
+                    "batches are all of one kind (keys, dtypes and ranks: what a jitted step "
+                    "was compiled for; row sizes may change): the run would stop at the step "
+                    "that moves to the other")) from None
 
     def label(self, part: int) -> str:
         """Part ``part`` as messages name it: by its name in ``jl.mix``, else its place."""

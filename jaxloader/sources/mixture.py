@@ -48,6 +48,15 @@ class Mixture(ConcatSource):
         for weights in self.schedule.values():  # (those of a regime share its batches;
             self.check_alike([c for c, w in enumerate(weights) if w > 0])  # not others)
 
+    def check_phases(self) -> None:
+        """Refuses components of the schedule's regimes whose records differ in keys, dtypes
+        or ranks (in memory: ``check_alike``), where a loader reads them as they are (no
+        transform that could make them alike): its batches are all of one kind
+        (``base.batch_kinds``), and the run would stop at the step the schedule moves at."""
+        if len(self.schedule) > 1:
+            self.check_alike(sorted({c for weights in self.schedule.values()
+                                     for c, w in enumerate(weights) if w > 0}), shapes=False)
+
     def __repr__(self) -> str:
         weights = ", ".join(f"{w:.3g}" for w in self.schedule[0])
         return (f"Mixture({len(self)} records in {len(self.sources)} sources, weights "
