@@ -239,6 +239,9 @@ def _ragged(dataset: Any, key: str) -> bool:
     import pyarrow.compute as pc
 
     column, rows = dataset.data.column(key), getattr(dataset, "_indices", None)  # (kept)
+    if isinstance(column.type, pa.ExtensionType):  # (Array2D/3D((None, n)): lists of lists)
+        column = pa.chunked_array([c.storage for c in column.chunks], column.type.storage_type)
+
     def listed(kind: Any) -> bool:
         return pa.types.is_list(kind) or pa.types.is_large_list(kind) or \
             pa.types.is_fixed_size_list(kind)

@@ -10,6 +10,7 @@
 | ``mixed`` | ``MixedStream`` (``jl.mix`` of streams) and ``MixedReader`` (a reader's records by weight) |
 | ``packed`` | ``PackedStream``: a stream's token sequences end to end, cut into rows of one length |
 | ``huggingface`` | ``HuggingFaceShard``: a Hugging Face ``IterableDataset``'s shard, resumed by its own state (``Stream.huggingface``) |
+| ``huggingface_values`` | a Hugging Face stream's records as a ``Dataset``'s rows: its features' dtypes |
 | ``maker`` | ``StreamBatchMaker``: a reader's batches, transformed and collated |
 
 ``jaxloader.StreamLoader`` reads a ``Stream`` in the main process or in worker processes.

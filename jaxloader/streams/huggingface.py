@@ -20,8 +20,11 @@ of the dtype the features declare (a 32-float list would batch as 32 arrays of s
 format's ``datetime`` objects do not batch; times in a zone other than UTC refused, as a
 ``Dataset``'s are), strings stay ``str``. A list of strings is
 an object array: batched one a row when the lengths differ, stacked to ``(batch, length)``
-when they are alike (as arrays of one shape are). Where the features are unknown (a JSON file
-streamed without them), lists of numbers become arrays as ``JsonlShard`` reads them.
+when they are alike (as arrays of one shape are); a list of images, structs or lists is one
+leaf too (``huggingface_values``). Where the features are unknown (a JSON file streamed
+without them, or a ``map`` without ``features=``, warned of where it loses declared dtypes),
+lists of numbers become arrays as ``JsonlShard`` reads them. A restore over a dataset whose
+chain of ``map``s and ``filter``s differs from the state's is refused.
 
 The dataset's own ``shuffle`` is refused: its buffer is lost at every restore (the dataset's
 documentation says so), so the rest of the stream would differ. The stream's
@@ -41,8 +44,8 @@ Example (``tests/streams/test_huggingface.py`` runs it)::
 
 from __future__ import annotations
 
-import datetime
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -50,12 +53,11 @@ import numpy as np
 from jaxloader.base import file_identity
 from jaxloader.base.abilities import in_generation, older_digests
 from jaxloader.base.checks import released_at_least
-from jaxloader.base.columns import object_column
-from jaxloader.base.errors import ConfigError, RecordError, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.base.state_copy import copied
-from jaxloader.sources.huggingface import _declared_dtype, refuse_zones
+from jaxloader.sources.huggingface import refuse_zones
 from jaxloader.streams import huggingface_chain
-from jaxloader.streams.json_values import numbers_as_arrays
+from jaxloader.streams.huggingface_values import _PYTHON, _UNKNOWN, Listed, as_declared, plan_of
 
 _RESTORES = (4, 8, 5)  # the first datasets release whose IterableDataset states restore right
 
@@ -95,6 +97,8 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     features = getattr(dataset, "features", None)  # (None: a JSON stream without them, its
     if features is not None:  # datetime objects do not batch, and are refused there)
         refuse_zones("Stream.huggingface(dataset)", features.arrow_schema)
+    else:
+        _warn_features_lost(huggingface_chain.features_below(dataset))
     # read in Python format whatever the dataset's, converted here as the features declare:
     # the dataset's NumPy format is several times slower a record, torch's would give tensors
     dataset = dataset.with_format(None)
@@ -104,6 +108,33 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
              name + in_generation(1, lambda: huggingface_chain.data_digest(dataset)))
     return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names))
             for i in range(count)]
+
+
+def _warn_features_lost(below: Any) -> None:
+    """Warns where a ``map`` left the dataset no features over ones that declare dtypes its
+    records' Python values do not batch as (``int8``, ``float32``, times): they come as
+    ``int64``/``float64`` (JSON's rules), other values than the dataset's without the map."""
+    if not below:
+        return
+    changed = []
+
+    def walk(plan: Any, path: str) -> None:
+        if isinstance(plan, dict):
+            for key, inner in plan.items():
+                walk(inner, f"{path}[{key!r}]")
+        elif isinstance(plan, Listed):
+            walk(plan.inner, path + "[...]")
+        elif isinstance(plan, np.dtype) and plan not in _PYTHON.values():
+            changed.append(f"{path} {plan}")
+    walk(plan_of(dict(below)), "")
+    if changed:
+        warnings.warn(
+            f"Stream.huggingface(dataset): its map (IterableDataset.map without features=) "
+            f"leaves it no features, so its records' numbers batch as int64/float64 (JSON's "
+            f"rules), not as declared below the map: {', '.join(changed[:6])}"
+            f"{' ...' if len(changed) > 6 else ''}; pass the map features= (what it returns: "
+            "ds.map(f, features=ds.features) where it keeps them), or cast in it",
+            JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 class HuggingFaceShard:
@@ -140,6 +171,7 @@ class HuggingFaceShard:
                     f"HuggingFaceShard {self.name}: the state is of the dataset's epoch "
                     f"{given['epoch']}, the dataset is in epoch {part.epoch}; restore into the "
                     "dataset the state was saved from")
+            _check_chain(self.name, given, part.state_dict())
             part.load_state_dict(copied(given))  # (get_state() hands out ``given``)
         self._part, self._it = part, iter(part)
         self._start, self._started = given, False
@@ -189,6 +221,33 @@ class HuggingFaceShard:
                 "_files": None}
 
 
+def _check_chain(name: str, then: dict, now: dict) -> None:
+    """Refuses a state saved over another chain of ``map``s and ``filter``s than the dataset's
+    (its iterables' kinds, in the order the state holds them): its places would be read as
+    another kind's (a ``KeyError`` of the dataset's, or a restore at other records)."""
+    saved, held = _kinds(then), _kinds(now)
+    if saved != held:
+        raise StateDictError(
+            f"HuggingFaceShard {name}: the state was saved over a dataset whose chain is "
+            f"{' > '.join(saved) or '(none)'}, this one's is {' > '.join(held)}: a map or "
+            "filter was added, left out or reordered since; restore over the dataset made as "
+            "the state's was (its map and filter calls, in order), or start the stream again "
+            "without this state")
+
+
+def _kinds(state: Any) -> list[str]:
+    """The kinds of the iterables a dataset's ``state_dict()`` holds, outermost first
+    (``"Mapped"`` for ``MappedExamplesIterable``)."""
+    if isinstance(state, list):
+        return [k for item in state for k in _kinds(item)]
+    if not isinstance(state, dict):
+        return []
+    kind = state.get("type")
+    own = [kind.removesuffix("ExamplesIterable")] if isinstance(kind, str) else []
+    return own + [k for key in sorted(state, key=str) if key != "previous_state"
+                  for k in _kinds(state[key])]
+
+
 def _check_files(name: str, then: Any, now: list | None) -> None:
     """Refuses a restore of shard ``name`` over local files other than its state names (a
     state without them, saved before 2026-11-30, resumes as it is)."""
@@ -212,100 +271,3 @@ def _check_files(name: str, then: Any, now: list | None) -> None:
 
     def __repr__(self) -> str:
         return f"HuggingFaceShard({self.name})"
-
-
-def plan_of(features: Any) -> Any:
-    """What ``as_declared`` does with each field of ``features`` (a ``Features`` dict),
-    worked out once: a dict of fields' plans for a struct, the declared NumPy dtype of a
-    number or of a list's numbers, ``_STRINGS`` for a list of strings, ``None`` for the rest
-    (strings, images)."""
-    if isinstance(features, dict):
-        return {key: plan_of(feature) for key, feature in features.items()}
-    inner = getattr(features, "feature", None)  # List / Sequence / LargeList
-    if str(getattr(inner, "dtype", "")) in _TEXT:
-        return _STRINGS
-    declared = _declared_dtype(features)  # (tested for None: NumPy 1.x took a dtype with no
-    # fields as false)
-    return declared if declared is not None else _time_dtype(features)
-
-
-def _time_dtype(feature: Any) -> np.dtype | None:
-    """``datetime64``/``timedelta64`` for a ``Value`` of Arrow's ``timestamp[unit]``,
-    ``date32``/``date64`` or ``duration[unit]`` (a ``Dataset`` in NumPy format gives
-    these; Python format gives ``datetime`` objects, which do not batch)."""
-    kind = str(getattr(feature, "dtype", ""))
-    unit = kind[kind.find("[") + 1:].split(",")[0].rstrip("]") if "[" in kind else ""
-    if kind.startswith("timestamp[") and unit in ("s", "ms", "us", "ns"):
-        return np.dtype(f"datetime64[{unit}]")
-    if kind.startswith("duration[") and unit in ("s", "ms", "us", "ns"):
-        return np.dtype(f"timedelta64[{unit}]")
-    return {"date32": np.dtype("datetime64[D]"), "date64": np.dtype("datetime64[ms]")}.get(kind)
-
-
-class _Plan:
-    """A plan that is not a dtype: one object in every process (unpickled by its name)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __reduce__(self) -> str:
-        return self.name
-
-
-_UNKNOWN = _Plan("_UNKNOWN")  # a field the features do not name
-_STRINGS = _Plan("_STRINGS")  # a list of strings (or bytes): an object array a row
-_TEXT = ("string", "large_string", "binary", "large_binary")
-_PYTHON = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
-
-
-def _holds_none(value: list) -> bool:
-    """Whether a ``None`` is among a list's items, through lists of lists."""
-    if value and type(value[0]) is list:
-        return any(v is None or type(v) is list and _holds_none(v) for v in value)
-    return None in value
-
-
-def as_declared(value: Any, plan: Any, name: str = "a record") -> Any:
-    """A record in Python format with its lists of numbers as arrays and its numbers of the
-    dtypes declared (``plan``, from ``plan_of``; ``_UNKNOWN``: lists of numbers as
-    ``JsonlShard`` reads them); strings and other leaves as they are.
-
-    Example:
-        >>> import datasets
-        >>> plan = plan_of(datasets.Features({"v": datasets.Sequence(datasets.Value("float32")),
-        ...                                   "n": datasets.Value("int16")}))
-        >>> record = as_declared({"v": [0.5, 1.0], "n": 3}, plan)
-        >>> record["v"].dtype, record["n"].dtype
-        (dtype('float32'), dtype('int16'))
-    """
-    if type(plan) is dict:
-        if type(value) is not dict:
-            return numbers_as_arrays(value)
-        return {key: as_declared(v, plan.get(key, _UNKNOWN), f"{name}[{key!r}]")
-                for key, v in value.items()}
-    if plan is _UNKNOWN:
-        return numbers_as_arrays(value)
-    kind = type(value)
-    if kind is list and (plan is _STRINGS or isinstance(plan, np.dtype)) and _holds_none(
-            value):  # (NumPy made it NaN, or False; an int list's became a list: the batch's
-        raise RecordError(  # structure changed; refused as a Dataset's is)
-            f"{name}: a list of {'strings' if plan is _STRINGS else plan} holds a null (None): "
-            f"{value!r:.80}; fill the nulls (ds.map) or drop those rows (ds.filter) before "
-            "streaming")
-    if plan is _STRINGS:
-        return object_column(value) if kind is list else value
-    if kind is list:
-        if plan is not None:
-            try:
-                return np.asarray(value, plan)
-            except (TypeError, ValueError):  # inner lists of other lengths, a None
-                pass
-        return numbers_as_arrays(value)
-    # a Python number batches as int64, float64 or bool: cast only to another dtype
-    if plan is not None and kind in _PYTHON and _PYTHON[kind] != plan:
-        return plan.type(value)
-    if isinstance(value, (datetime.date, datetime.timedelta)) and isinstance(plan, np.dtype):
-        if isinstance(value, datetime.datetime) and value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)  # as Arrow
-        return np.array(value, dtype=plan)[()]
-    return value

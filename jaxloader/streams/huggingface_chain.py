@@ -91,6 +91,16 @@ def refused(dataset: Any) -> str | None:
     return None
 
 
+def features_below(dataset: Any) -> Any:
+    """The features declared below the dataset's chain's maps (an ``IterableDataset.map``
+    without ``features=`` leaves the dataset none), the outermost found; ``None`` if none."""
+    for node in _nodes(getattr(dataset, "_ex_iterable", None)):
+        features = getattr(node, "_features", None)
+        if features:
+            return features
+    return None
+
+
 def _nodes(node: Any, depth: int = 0) -> Iterator[Any]:
     """``node`` and every iterable below it: its chain (``ex_iterable``) and its joins' parts."""
     if node is None or depth > 64:

@@ -294,6 +294,19 @@ def test_array_features_batch_as_their_declared_shapes_from_a_dataset_a_stream_o
         assert np.array_equal(batch["a"], np.stack([rows[y] for y in batch["y"]]))
 
 
+def test_an_array_feature_of_rows_of_other_lengths_is_an_object_array_in_every_batch():
+    # Array2D((None, 2)) was not seen as ragged (an Arrow extension type): float32 batches
+    # and object ones by turns, a jitted step failing part way through (the HF audit)
+    lengths = [1, 1, 2, 3, 2, 2]
+    ds = datasets.Dataset.from_dict(
+        {"a": [np.full((k, 2), i, np.float32) for i, k in enumerate(lengths)]},
+        features=datasets.Features({"a": datasets.Array2D((None, 2), "float32")}))
+    with jl.DataLoader(ds, batch_size=2, process_index=0, process_count=1) as loader:
+        batches = [b["a"] for b in loader]
+    assert all(b.dtype == object and b.shape == (2,) for b in batches)
+    assert [row.shape for b in batches for row in b] == [(k, 2) for k in lengths]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_saved_datasets_file_changed_in_place_is_refused_at_the_next_batch(tmp_path,
                                                                            num_workers):
