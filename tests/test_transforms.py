@@ -678,3 +678,17 @@ def test_a_random_maps_generator_used_as_another_kind_is_told_its_kind():
                                                                 r"the transform as a jl.JitMap")]:
         with pytest.raises(jl.RecordError, match=said):
             jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(fn)]).peek()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_key_a_transform_before_renamed_is_named_with_the_keys_it_was_given(num_workers):
+    # a Map after one that renamed "x" said KeyError: 'x' alone (the JitMap audit)
+    source = jl.ArraySource({"x": np.ones((8, 3), np.float32)})
+    rename = jl.Map(lambda r: {"img": r["x"]})
+    for then, what in [(jl.Map(lambda r: {"y": r["x"]}), "record"),
+                       (jl.BatchMap(lambda b: {"y": b["x"]}), "batch")]:
+        with jl.DataLoader(source, batch_size=4, transforms=[rename, then],
+                           num_workers=num_workers) as loader:
+            with pytest.raises(jl.JaxloaderError, match=rf"raised KeyError: 'x' \(the {what} "
+                                                         r"it was given has keys \['img'\]\);"):
+                next(iter(loader))

@@ -29,7 +29,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.global_draws import batch_call, batch_said
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.record_columns import batch_columns
-from jaxloader.batching.record_transforms import read_only_hint
+from jaxloader.batching.record_transforms import keys_hint, read_only_hint
 from jaxloader.batching.transforms import returned_none
 
 
@@ -269,8 +269,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                 batch = batch_call(t, batch)  # (watched for draws on its first batches)
             except Exception as e:
                 raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}"
-                                  f"{read_only_hint(e)}; the original error is the cause "
-                                  "below") from e
+                                  f"{read_only_hint(e)}{keys_hint(e, batch, 'batch')}; the "
+                                  "original error is the cause below") from e
             batch_said(t)
             # the transform that changed the batch axis named (the batch's check, after all of
             # them, names none); a 0-d leaf another transform may take up is left to it

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from jaxloader.base.errors import JaxloaderError, RecordError, raised
 from jaxloader.base.own_records import top_copy
@@ -100,8 +100,8 @@ class RecordTransforms:
             raise RecordError(
                 f"{where(*where_args)}: transforms[{t_index}] {self.transforms[t_index]!r} "
                 f"raised {type(e).__name__}{f': {e}' if str(e) else ''}{read_only_hint(e)}"
-                f"{arguments_hint(e, self.transforms[t_index].fn)}{_memory_hint(e)}; the "
-                "original error is the cause below") from e
+                f"{keys_hint(e, record)}{arguments_hint(e, self.transforms[t_index].fn)}"
+                f"{_memory_hint(e)}; the original error is the cause below") from e
         return record
 
     def _watching(self, record: Any, *args: Any) -> Any:
@@ -123,6 +123,20 @@ class RecordTransforms:
         if self._watch.said:
             self._watched = 0
         return record
+
+
+def keys_hint(e: Exception, given: Any, what: str = "record") -> str:
+    """For a ``KeyError`` of a key ``given`` (a dict a transform was given) does not hold (a
+    transform before renamed it): the keys it holds (else nothing)."""
+    if not (type(e) is KeyError and e.args and isinstance(given, Mapping)):
+        return ""
+    try:
+        if e.args[0] in given:
+            return ""
+    except TypeError:  # (an unhashable key)
+        return ""
+    keys = sorted(map(str, given))
+    return f" (the {what} it was given has keys {keys[:20]}{' ...' if len(keys) > 20 else ''})"
 
 
 def read_only_hint(e: Exception) -> str:
