@@ -53,6 +53,7 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
                 finally:  # (a decompressor leaves its file open)
                     raw.close()
                 raise unreadable(shard, "its first KiB", e) from e
+        shard._compressed = reader is not raw  # (its size: the compressed bytes')
         return reader, found, reader is raw and "://" not in shard.path
     except OSError as e:
         if file_identity.storage_failed(e):
@@ -84,6 +85,14 @@ def check_unchanged(shard: Any, state: dict) -> None:
         "head" not in then or prefix_head(shard, then["size"]) == then["head"])
     if shard.append_only and grew:
         return
+    if grew and now["size"] > then["size"] and getattr(shard, "_compressed", False):
+        raise StateDictError(
+            f"stream shard {shard.path}: its compressed size grew since the state was saved "
+            f"({then['size']:,} bytes then, {now['size']:,} now, its first records as they "
+            "were): records were appended to it, or it was compressed again (another level "
+            "or tool, the same records); read the shards with append_only=True "
+            f"({_maker(shard)}(paths, append_only=True)) to resume over them (right for "
+            "either), or restore over the file as it was")
     if grew and now["size"] > then["size"]:  # ("its first KiB differs", it said: not so)
         raise StateDictError(
             f"stream shard {shard.path}: it grew since the state was saved ({then['size']:,} "

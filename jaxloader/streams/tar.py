@@ -17,7 +17,7 @@ before (a sample's members apart: a record each part; the keys' hashes kept, ~60
 marker (some writers leave it out). A compressed shard is read to its end, where gzip, xz and
 Zstandard check their checksums: a tar has none of its data. A member not named ``key.ext`` (no
 extension, or a dot first: macOS's ``._name``) is left out, as WebDataset leaves it, and warned
-of once a shard. A shard rewritten while read is said to be, not taken for a damaged one.
+of once a folder. A shard rewritten while read is said to be, not taken for a damaged one.
 """
 
 from __future__ import annotations

@@ -30,8 +30,10 @@ DROP = "or drop it from the stream (a state saved while it was in the stream is 
 
 
 def header_name(header: bytes) -> str:
+    """A member's name: a POSIX ustar header's prefix before it (a GNU header, whose magic is
+    ``"ustar  \0"``, holds times there where ``tar -G`` writes them, not a name)."""
     name = header[:100].split(b"\0", 1)[0]
-    if header[345] and header[257:262] == b"ustar":  # a ustar name's prefix
+    if header[345] and header[257:263] == b"ustar\0":
         name = header[345:500].split(b"\0", 1)[0] + b"/" + name
     return name.decode("utf-8", "replace")
 

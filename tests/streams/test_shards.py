@@ -731,6 +731,25 @@ def test_a_compressed_shard_compressed_again_with_the_same_records_restores(tmp_
         jl.JsonlShard(path).reset(state)
 
 
+def test_a_compressed_shard_grown_says_it_may_be_compressed_again_not_only_appended(tmp_path):
+    # the same records compressed at another level: "records were appended to it", it said
+    import gzip
+
+    text = "".join(json.dumps({"id": i}) + "\n" for i in range(200)).encode()
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(gzip.compress(text, compresslevel=9))
+    shard = jl.JsonlShard(path)
+    shard.reset(None)
+    shard.next()
+    state = shard.get_state()
+    path.write_bytes(gzip.compress(text, compresslevel=0))  # (stored: larger)
+    with pytest.raises(jl.StateDictError, match=r"a.jsonl.gz: its compressed size grew since "
+                                                r"the state was saved .*records were appended to "
+                                                r"it, or it was compressed again .*append_only="):
+        jl.JsonlShard(path).reset(state)
+    assert read_all(jl.JsonlShard(path, append_only=True), state)[0] == {"id": 1}
+
+
 def test_a_refused_resume_whose_close_fails_too_raises_the_refusal(tmp_path, monkeypatch):
     # the shard's file closed on a refused state: a close that failed too was raised in the
     # refusal's place (an OSError from closing), the change the user must fix only its context

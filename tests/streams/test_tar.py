@@ -40,6 +40,25 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt):
     assert read_all(jl.TarShard(path), shard.get_state()) == got[1:]
 
 
+def test_a_gnu_headers_times_are_not_taken_for_a_name_prefix(tmp_path):
+    # GNU tar -G writes a member's access and change times where a POSIX header has its
+    # name's prefix: every key began with "15305566655/" (the stream audit)
+    path = tmp_path / "gnu.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in (("./k1.txt", b"a"), ("./k2.txt", b"b")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = bytearray(path.read_bytes())
+    for header in (0, 1024):
+        assert raw[header + 257:header + 265] == b"ustar  \0"
+        raw[header + 345:header + 357] = b"15305566655\0"  # (the access time, as -G writes)
+        raw[header + 148:header + 156] = b" " * 8
+        raw[header + 148:header + 156] = b"%06o\0 " % sum(raw[header:header + 512])
+    path.write_bytes(bytes(raw))
+    assert [r["__key__"] for r in read_all(jl.TarShard(path))] == ["./k1", "./k2"]
+
+
 def test_a_pax_size_is_the_members_size_as_written_for_members_over_8_gib(tmp_path):
     # tarfile and GNU tar write a member over 8 GiB with its size in a pax header and 0 in
     # its ustar field: made so here with a small member
