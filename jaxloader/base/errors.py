@@ -19,7 +19,16 @@ E = TypeVar("E", bound=BaseException)
 
 
 class JaxloaderError(Exception):
-    """Base class of every error raised by jaxloader itself."""
+    """Base class of every error raised by jaxloader itself.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> try:
+        ...     jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=0)
+        ... except jl.JaxloaderError as e:  # (each names what, expected, received, remedy)
+        ...     type(e).__name__
+        'ConfigError'
+    """
 
 
 def kept(error: E) -> E:
@@ -114,13 +123,32 @@ _LINKS = 16  # causes and contexts followed at most (a chain of more is cut ther
 
 
 class ConfigError(JaxloaderError, ValueError):
-    """An argument of the loader or of a source is invalid."""
+    """An argument of the loader or of a source is invalid (a ``ValueError``).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> try:
+        ...     jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+        ...                   last_batch="keep")
+        ... except jl.ConfigError as e:
+        ...     isinstance(e, ValueError), "last_batch" in str(e)
+        (True, True)
+    """
 
 
 class ArgumentError(JaxloaderError, TypeError):
     """A call's arguments do not fit its signature: a second positional argument, a missing
     one, or a name the callee does not take (PyTorch's, Grain's and tf.data's names say what
-    to pass instead). A ``TypeError``, as Python's own for a bad call."""
+    to pass instead). A ``TypeError``, as Python's own for a bad call.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> try:
+        ...     jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, drop_last=True)
+        ... except jl.ArgumentError as e:
+        ...     print(str(e).split(": use ")[0])
+        DataLoader(drop_last=True): DataLoader has no drop_last
+    """
 
 
 class RecordError(JaxloaderError, RuntimeError):
@@ -130,6 +158,19 @@ class RecordError(JaxloaderError, RuntimeError):
     exception is kept as ``__cause__``. A ``DataLoader``'s error about one record also has them
     as attributes, ``step``, ``position`` and ``index`` (``None`` where not known: a stream's
     record, a batch's error), for a job that reports the records it could not read.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> def check(record):
+        ...     if record["x"] == 5:
+        ...         raise ValueError("bad value")
+        ...     return record
+        >>> try:
+        ...     list(jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+        ...                        transforms=[jl.Map(check)]))
+        ... except jl.RecordError as e:
+        ...     e.step, e.position, e.index, type(e.__cause__).__name__
+        (2, 5, 5, 'ValueError')
     """
 
     step: int | None = None
@@ -144,25 +185,62 @@ class RecordError(JaxloaderError, RuntimeError):
 
 
 class CollateError(JaxloaderError, ValueError):
-    """Records of one batch cannot be stacked: structure, shape or dtype differ."""
+    """Records of one batch cannot be stacked: structure, shape or dtype differ.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> records = [{"x": np.zeros(2)}, {"x": np.zeros(3)}]
+        >>> try:
+        ...     next(iter(jl.DataLoader(records, batch_size=2)))
+        ... except jl.CollateError as e:  # (the remedy: pad them, jl.Pad("x"))
+        ...     print(str(e).split("): ", 1)[1].split(" dtype")[0])
+        batch leaf ['x']: records differ: record position 0 has shape (2,)
+    """
 
 
 class StateDictError(JaxloaderError, ValueError):
-    """A state dict does not fit this loader (other data, seed, batch or version)."""
+    """A state dict does not fit this loader (other data, seed, batch or version).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> source = jl.ArraySource({"x": np.arange(8)})
+        >>> state = jl.DataLoader(source, batch_size=2).state_dict()
+        >>> try:
+        ...     jl.DataLoader(source, batch_size=4).load_state_dict(state)
+        ... except jl.StateDictError as e:
+        ...     print(str(e).split(";")[0])
+        state does not fit this loader (global_batch_size: expected 4, received 2)
+    """
 
 
 class WorkerError(JaxloaderError, RuntimeError):
     """A worker process raised or died. The loader is broken: every later call raises this.
 
     Names the worker id, its pid, its exit code or the exception, the step and record
-    positions, and carries the worker's traceback in the message.
+    positions, and carries the worker's traceback in the message. A ``RecordError`` raised
+    in a worker reaches you as this, its message after the worker's (a ``StallError`` is one
+    too). A job that goes on after it makes a new loader and restores its last state::
+
+        try:
+            for batch in loader:
+                state = loader.state_dict(); train_step(batch)
+        except jl.WorkerError as e:
+            log.error("input failed: %s", e)   # the worker, the step, its traceback
+            loader = jl.DataLoader(source, **settings); loader.load_state_dict(state)
     """
 
 
 class StallError(WorkerError):
     """No batch came within the loader's ``timeout_s``: names the step awaited and what each
     worker was doing then (its step, for how long, its process state and Python stack). The
-    loader is broken, as for any ``WorkerError``."""
+    loader is broken, as for any ``WorkerError``. Asked for by ``timeout_s``::
+
+        loader = jl.DataLoader(source, batch_size=64, num_workers=4, timeout_s=600)
+        try:
+            batch = next(it)
+        except jl.StallError as e:
+            print(e)    # step 1234 awaited 600 s; worker 2: in step 1236 for 598 s, its stack
+    """
 
 
 class SharedMemoryError(JaxloaderError, MemoryError):
@@ -171,7 +249,14 @@ class SharedMemoryError(JaxloaderError, MemoryError):
     Names the bytes asked for, what was free (memory, or ``/dev/shm`` on the POSIX path) and
     what to do. Raised where the memory is asked for (at construction for a shared source, at
     the batch that needs a bigger slot), never as a SIGBUS during a copy; and with
-    ``num_workers=0`` where the training process has no memory for a batch's arrays.
+    ``num_workers=0`` where the training process has no memory for a batch's arrays. A
+    ``MemoryError``, so a handler of those catches it; in a container of 64 MB ``/dev/shm``
+    (Docker's default) its remedy is ``--shm-size`` or fewer ``prefetch`` tasks::
+
+        try:
+            batch = next(it)
+        except jl.SharedMemoryError as e:
+            print(e)    # the bytes asked for, the free /dev/shm, what to change
     """
 
 
@@ -195,7 +280,15 @@ class JaxloaderWarning(UserWarning):
 
 class PerformanceWarning(JaxloaderWarning):
     """A configuration that works but reads far slower than it could: what, by how much, and
-    the remedy (e.g. a file source's cache smaller than what its shuffle reads at once)."""
+    the remedy (e.g. a file source's cache smaller than what its shuffle reads at once).
+
+    Example:
+        >>> import warnings, jaxloader as jl
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", jl.PerformanceWarning)  # (a CI run: raised)
+        ...     issubclass(jl.PerformanceWarning, jl.JaxloaderWarning)
+        True
+    """
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
