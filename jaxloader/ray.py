@@ -149,7 +149,7 @@ class RayEngine:
         self._maker_ref: Any = ray.put((blob, arrays))
         self._remote = ray.remote(**with_worker_environment(spec.actor_options))(MakerActor)
         self._actors: list[Any] = [
-            self._remote.remote(self._maker_ref, *actor_arguments(i, spec.n))
+            self._remote.remote(self._maker_ref, *actor_arguments(i, spec.n, spec.actor_options))
             for i in range(spec.n)]
         self._alive: list[int] = []
         self._pids: list[int | None] = [None] * spec.n
@@ -158,7 +158,7 @@ class RayEngine:
         # their where() call, which returns once they run
         self._pending: dict[int, Any] = {i: a.where.remote() for i, a in enumerate(self._actors)}
         self._back_by: dict[int, float] = {}  # an actor Ray restarts: asked again until then
-        self._turn = 0
+        self._turn, self.actor_cpus = 0, float(spec.actor_options.get("num_cpus", 1))
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
         self.tasks = TaskQueues(spec.n, ray)  # each actor's, in the order sent: timeout_s's count

@@ -2,7 +2,7 @@
 
 ::
 
-    MakerActor(payload, *actor_arguments(i, n))
+    MakerActor(payload, *actor_arguments(i, n, actor_options))
                                     the maker unpickled once (its arrays the object store's)
       .where()                      (its pid, its node: node_label's)
       .make(first, count)           steps first .. first + count - 1: (batches, timings,
@@ -59,11 +59,17 @@ class MakerActor:
     as a local worker's are); its arrays are the object store's, not copied."""
 
     def __init__(self, payload: tuple, path: list[str], argv: list[str] | None = None,
-                 settings: tuple | None = None, place: tuple[int, int] | None = None) -> None:
+                 settings: tuple | None = None, place: tuple[int, int] | None = None,
+                 folder: str | None = None) -> None:
         """``place``: ``(this actor's index, the actors)``, what ``get_worker_info()`` says
         in it as in a local worker (it said ``None``: code that opens a handle a worker, or
-        asks whether it runs in one, took the actor for the training process)."""
+        asks whether it runs in one, took the actor for the training process). ``folder``:
+        the training process's current folder, the actor's where it is there (a transform's
+        relative path read another file, or none, where a local worker's read the one meant);
+        ``None`` where ``runtime_env`` sets its own (``working_dir``)."""
         jit_cpu.IN_WORKER = True  # (its JitMaps' XLA sized to THREADS_ENV, donating)
+        if folder is not None and os.path.isdir(folder):
+            os.chdir(folder)
         if settings is not None:  # (a script's recursion limit for a deep transform, its
             relay_worker.apply(settings)  # warning filters: as a local worker's)
         sys.path.extend(p for p in path if p not in sys.path)
@@ -178,10 +184,21 @@ def payload(maker: Any, note: Callable[[np.ndarray], None]) -> tuple[bytes, list
     return blob, [np.frombuffer(b.raw(), np.uint8) for b in buffers]
 
 
-def actor_arguments(index: int, count: int) -> tuple:
+def actor_arguments(index: int, count: int, options: dict) -> tuple:
     """A new ``MakerActor``'s arguments past the payload: the training process's ``sys.path``,
-    ``sys.argv`` and ``relay.settings()``, as they are now, and its place among ``count``."""
-    return list(sys.path), list(sys.argv), relay.settings(), (index, count)
+    ``sys.argv`` and ``relay.settings()``, as they are now, its place among ``count`` and the
+    current folder (none where the actor ``options``' ``runtime_env`` has a ``working_dir``)."""
+    own = "working_dir" in (options.get("runtime_env") or {})
+    return (list(sys.path), list(sys.argv), relay.settings(), (index, count),
+            None if own else _current_folder())
+
+
+def _current_folder() -> str | None:
+    """The current folder, ``None`` where it was deleted (``os.getcwd()`` raises there)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def with_worker_environment(options: dict) -> dict:

@@ -161,7 +161,8 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     ray, spec = engine._ray, engine._spec
     engine.cancel_actor(actor)
     actors = engine._actors  # (close() from another thread empties it anew: said as closed,
-    made = engine._remote.remote(engine._maker_ref, *actor_arguments(actor, spec.n))  # (the
+    made = engine._remote.remote(engine._maker_ref,
+                                 *actor_arguments(actor, spec.n, spec.actor_options))  # (the
     if actor < len(actors):  # new actor killed, whether close() came before or after this)
         actors[actor] = made
     if engine._closed or actor >= len(actors):
@@ -173,10 +174,13 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     except Exception as e:
         if engine._closed:  # (killed by close() as it started: not the cluster's doing)
             raise closed() from e
-        remedy = ("fix what its start raised (the source's or a transform's unpickling, or "
-                  "worker_init_fn)" if getattr(e, "_actor_init_failed", False) else
+        failed = getattr(e, "_actor_init_failed", False)  # (its start raised: at once)
+        remedy = ("fix what its start raised (the source's or a transform's unpickling: a "
+                  "module not on its node, docs/workers.md \"What crosses\")" if failed else
                   f"the cluster has {ray.available_resources()} free: add nodes")
         raise WorkerError(
-            f"Ray actor {actor} is gone and no new one started within "
-            f"{spec.start_timeout_s:.0f} s ({lost_reason(e)}); {lost}; {remedy}, then create "
-            "a new loader (or restore its last state into one)") from e
+            f"Ray actor {actor} is gone and " + ("its replacement failed to start" if failed
+                                                  else "no new one started within "
+                                                  f"{spec.start_timeout_s:.0f} s")
+            + f" ({lost_reason(e)}); {lost}; {remedy}, then create a new loader (or restore "
+            "its last state into one)") from e

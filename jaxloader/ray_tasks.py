@@ -99,7 +99,7 @@ def get(ray: Any, ref: Any, wait_s: float | None, watch: StallWatch | None,
     in the log every ``stall_warning_s`` meanwhile (``watch``'s; ``said()``: who makes it), as
     a local worker's is: it was waited for without a word, a hung transform's forever."""
     if watch is None or watch.warn_s is None:
-        return ray.get(ref, timeout=wait_s)
+        return _got(ray, ref, wait_s)
     began = time.monotonic()
     watch.begin(id(ref))
     while True:
@@ -107,12 +107,24 @@ def get(ray: Any, ref: Any, wait_s: float | None, watch: StallWatch | None,
         if wait_s is not None:
             left = min(left, max(0.0, wait_s - (time.monotonic() - began)))
         try:
-            return ray.get(ref, timeout=left)
+            return _got(ray, ref, left)
         except ray.exceptions.GetTimeoutError:
             if wait_s is not None and time.monotonic() - began >= wait_s:
                 raise
             watch.due(lambda: f"{said()} (Ray shows its stack: `ray stack` on its node, or the "
                       "dashboard)")
+
+
+def _got(ray: Any, ref: Any, timeout: float | None) -> Any:
+    """``ray.get(ref)``; the Ray session shut down meanwhile (``ray.shutdown()`` on another
+    thread: Ray's ``get`` raises ``SystemExit(0)``, which ended the training script with status
+    0 and no word) a ``WorkerError``."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except SystemExit:
+        if ray.is_initialized():  # (a sys.exit of the process's own: a signal's handler)
+            raise
+        raise WorkerError(_GONE) from None
 
 
 class RayStallWatch(StallWatch):
@@ -154,11 +166,13 @@ def check_session(ray: Any, then: tuple) -> None:
             _client(ray) or ray.get_runtime_context().get_job_id() == then[2]):
         return
     if session(ray) != then:
-        raise WorkerError(
-            "the Ray session this loader's actors ran in is gone (ray.shutdown() since they "
-            "started), and the actors with it; make a new loader (after ray.init()), and "
-            "load this one's state_dict() into it to continue where it stopped")
+        raise WorkerError(_GONE)
     _SESSION_SEEN[then] = now + SESSION_S
+
+
+_GONE = ("the Ray session this loader's actors ran in is gone (ray.shutdown() since they "
+         "started), and the actors with it; make a new loader (after ray.init()), and load "
+         "this one's state_dict() into it to continue where it stopped")
 
 
 def step_failed(actor: int, pid: int | None, node: str | None, failed: Any,
@@ -299,7 +313,13 @@ def start_failed(ray: Any, spec: Any, e: Exception, running: int) -> WorkerError
             "(min_actors= to start with fewer) or smaller ones (num_cpus=, resources=), or "
             "add nodes" % _held(ray, spec))
     said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # (Ray's, in colour)
-    return WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: {said}")
+    missing = re.search(r"No module named '([^']+)'", said)
+    remedy = "" if missing is None else (
+        f"\n(the module {missing.group(1)!r} a function of the loader's comes from is not "
+        "on the actor's node: install it there, or ship it, RayWorkers(n, runtime_env="
+        f"{{'py_modules': [{missing.group(1).split('.')[0]}]}}) or runtime_env={{'working_dir':"
+        " ...}}; docs/workers.md, \"What crosses\")")
+    return WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: {said}{remedy}")
 
 
 def _asked(spec: Any) -> str:

@@ -766,6 +766,14 @@ def test_ray_actors_are_advised_as_actors_and_each_keeps_its_own_pid_in_the_stat
                         workers=busy, num_workers=2)
     advice = " ".join(diagnose(stats, num_workers=2, cores=8, remote=True).advice)
     assert "RayWorkers(n=4)" in advice and "num_workers" not in advice, advice
+    # waits off the CPU: more actors, each of a share of the CPUs the two take (RayWorkers(n=4)
+    # of 1 CPU each could not start on the 2-CPU cluster it was said of: the Ray audit)
+    waiting = tuple(w._replace(cpu_s=0.3) for w in busy)
+    stats_waiting = stats._replace(workers=waiting)
+    advice = " ".join(diagnose(stats_waiting, num_workers=2, cores=8, remote=True,
+                               actor_cpus=1.0).advice)
+    assert "off the CPU: more workers than cores overlap the waits: RayWorkers(n=4, " \
+        "num_cpus=0.5)" in advice, advice
     # a stream of 2 readers on 2 actors takes no more: it was told RayWorkers(n=2), the count
     # it had (the Ray streams audit)
     advice = " ".join(diagnose(stats, num_workers=2, cores=8, remote=True,

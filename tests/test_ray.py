@@ -552,6 +552,7 @@ def scaled(r):  # a config read from the command line, as a module parsing it wh
     info = jl.get_worker_info()  # (None in an actor: it was taken for the training process;
     return {"x": r["x"] * np.float32(sys.argv[-1]), "y": r["y"],  # the parity audit)
             "limit": np.int64(sys.getrecursionlimit()), "raised": np.int64(said),
+            "here": np.int64(os.path.exists("noisy_on_ray.py")),  # (a relative path)
             "worker": np.int64(-1 if info is None else info.id),
             "workers": np.int64(-1 if info is None else info.num_workers),
             "seed": np.int64(-1 if info is None else info.seed)}
@@ -568,7 +569,8 @@ def check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path):
         "import warnings\nwarnings.warn('optional C extension not found')\n"
         "def same(r):\n    return r\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with warnings.catch_warnings():
+    monkeypatch.chdir(tmp_path)  # (after ray.init(): an actor ran in the folder of that call,
+    with warnings.catch_warnings():  # a transform's relative path read another file or none)
         warnings.simplefilter("ignore")
         import noisy_on_ray
     monkeypatch.setattr(sys, "argv", ["train.py", "--scale", "10"])
@@ -587,6 +589,7 @@ def check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path):
         sys.setrecursionlimit(before)
     assert batch["x"].tolist() == [10.0] * 4
     assert batch["limit"].tolist() == [4321] * 4 and batch["raised"].tolist() == [1] * 4
+    assert batch["here"].tolist() == [1] * 4
     assert (batch["worker"].tolist(), batch["workers"].tolist(), batch["seed"].tolist()) == (
         [0] * 4, [1] * 4, [11] * 4)
 
@@ -818,12 +821,17 @@ def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
             restart_actor(stream_engine(close_in), 0, "steps 4..7 are not made")
         assert not isinstance(raised.value, jl.WorkerError)
     assert len(killed) == 1 and isinstance(killed[0], Made)  # (the new actor: not left on)
-    with pytest.raises(jl.WorkerError, match=r"no new one started within 120 s \(ActorDiedError: "
+    # (its start raised at once: "no new one started within 120 s", and worker_init_fn in the
+    # remedy, which a loader on Ray refuses: the Ray audit)
+    with pytest.raises(jl.WorkerError, match=r"its replacement failed to start \(ActorDiedError: "
                                              r"The actor died because of an error raised in its "
                                              r"creation task ... FileNotFoundError: vocab.json\); "
                                              r"steps 4..7 are not made; fix what its start "
-                                             r"raised .*, then create a new loader"):
+                                             r"raised \(the source's or a transform's unpickling: "
+                                             r"a module not on its node.*, then create a new "
+                                             r"loader") as raised:
         restart_actor(stream_engine("init"), 0, "steps 4..7 are not made")
+    assert "worker_init_fn" not in str(raised.value)
     running = stream_engine(None)
     restart_actor(running, 0, "")
     assert isinstance(running._actors[0], Made) and running._pids == [9]
@@ -905,6 +913,41 @@ def test_a_loader_used_after_ray_shutdown_says_its_session_is_gone():
         builtins.print = kept[0]
         for number, handler in kept[1].items():
             signal.signal(number, handler)
+
+
+def test_a_ray_shutdown_on_another_thread_during_a_wait_is_a_worker_error_not_an_exit():
+    # Ray's get raises SystemExit(0) as ray.shutdown() runs on another thread: the training
+    # script ended with status 0 and no word (the Ray audit); a process's own exit goes on
+    from jaxloader import ray_tasks
+
+    class Gone:
+        initialized = False
+
+        def get(self, ref, timeout=None):
+            raise SystemExit(0)
+
+        def is_initialized(self):
+            return self.initialized
+
+    gone = Gone()
+    with pytest.raises(jl.WorkerError, match=r"the Ray session this loader's actors ran in is "
+                                             r"gone \(ray.shutdown\(\) since"):
+        ray_tasks.get(gone, object(), None, None, str)
+    gone.initialized = True
+    with pytest.raises(SystemExit):
+        ray_tasks.get(gone, object(), None, None, str)
+
+
+def test_an_actor_that_cannot_import_a_module_is_told_how_to_ship_it():
+    # Ray's bare traceback ended in "No module named 'augmod'", no remedy (the Ray audit)
+    from jaxloader.ray_tasks import start_failed
+
+    error = start_failed(ray, RayWorkers(1), RuntimeError(
+        "ActorDiedError: ... ModuleNotFoundError: No module named 'augmod.crops'"), 0)
+    assert re.search(r"an actor failed to start: RuntimeError: .*No module named 'augmod.crops'"
+                     r"\n\(the module 'augmod.crops' .* is not on the actor's node: install it "
+                     r"there, or ship it, RayWorkers\(n, runtime_env=\{'py_modules': \[augmod\]"
+                     r"\}\)", str(error)), str(error)
 
 
 def test_bad_ray_workers_arguments_are_refused():

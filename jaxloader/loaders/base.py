@@ -336,6 +336,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         put = self._putter
         return diagnose(stats, self._engine.active, counts=self._worker_counts(),
                         remote=getattr(self._engine, "remote", False),
+                        actor_cpus=getattr(self._engine, "actor_cpus", None),
                         placed_in_thread=put is None or put.single_device,
                         read_threads=getattr(getattr(self, "_maker", None), "threaded_reads",
                                              None), mapped=mapped_functions(

@@ -26,18 +26,17 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, NamedTuple, Sequence
+from typing import Sequence
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.stats import LoaderStats
-from jaxloader.base.timings import (COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, STEP, WAIT,
-                                    once)
+from jaxloader.base.timings import COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, once
 from jaxloader.loaders.advice import mapped_functions, placement_advice
+from jaxloader.loaders.verdict import MAIN_STAGES, Bottleneck, Diagnosis
 from jaxloader.runtime import limits
 
 __all__ = ["Diagnosis", "cores_available", "diagnose", "mapped_functions"]
 
-Bottleneck = Literal["step", "workers", "source", "main", "device"]
 INPUT_BOUND = 0.10  # the consumer waiting more than this share of its time: input limits it
 BUSY = 0.60  # workers busy at least this share of the time: they are what the consumer waits on
 WAITS = 0.30  # a worker's busy time off the CPU above this share: its reads wait (storage)
@@ -52,7 +51,6 @@ STALL_BOUND = 0.50  # keeping up otherwise (above it, the starts are the input's
 # small leaf: docs/benchmarks.md, the figures behind choices): no worker count makes batches
 # sooner than that, whatever their work
 HANDOVER_FLOOR_S = 35e-6
-_MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
 
 
 def cores_available() -> int:
@@ -61,80 +59,19 @@ def cores_available() -> int:
     return limits.cores()
 
 
-class Diagnosis(NamedTuple):
-    """What limits the input (``bottleneck``), seconds by stage, and advice; ``str()`` is a
-    table.
-
-    Example:
-        >>> import jaxloader as jl
-        >>> d = jl.Diagnosis("workers", {"read": 0.1, "Map(decode)": 0.9}, ("num_workers=4",),
-        ...                  batches=10, wait_fraction=0.5, num_workers=1)
-        >>> print(d)  # doctest: +NORMALIZE_WHITESPACE
-        input bottleneck: workers (the consumer waited 50% of its time after the first batch;
-        1 worker, 10 batches)
-          stage                     seconds  ms a batch  share
-          Map(decode)                 0.900        90.0    90%
-          read                        0.100        10.0    10%
-        advice:
-          - num_workers=4
-    """
-
-    #: what limits the input: ``"step"`` (nothing: the input keeps up), ``"workers"``
-    #: (transforms, collation), ``"source"`` (its reads), ``"main"`` (the training process's
-    #: work: batches made in it, the hand-over) or ``"device"`` (placement)
-    bottleneck: Bottleneck
-    #: seconds by stage (``LoaderStats.stages``)
-    stages: Mapping[str, float]
-    #: what to change, most useful first
-    advice: tuple[str, ...]
-    #: batches handed out in the window read
-    batches: int = 0
-    #: the share of the loop's time spent waiting for input, after the first batch
-    wait_fraction: float = 0.0
-    #: worker processes in use
-    num_workers: int = 0
-    #: batches made (the makers' stages are a batch made's, not one handed out)
-    batches_made: int = 0
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))  # (a notebook cell ending in loader.diagnose(): the table)
-
-    def __str__(self) -> str:
-        made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES and not once(k)}
-        main = {k: v for k, v in self.stages.items() if k in _MAIN_STAGES}
-        total = sum(v for k, v in made.items() if k != SLOT_WAIT) or 1.0  # (the makers' own
-        # work, as the advice's shares: a slot wait is the training process's)
-        workers = "worker" if self.num_workers == 1 else "workers"
-        lines = [f"input bottleneck: {self.bottleneck} (the consumer waited "
-                 f"{self.wait_fraction:.0%} of its time after the first batch; "
-                 f"{self.num_workers} {workers}, {self.batches} batches)",
-                 f"  {'stage':<24} {'seconds':>8} {'ms a batch':>11} {'share':>6}"]
-        per, per_made = max(1, self.batches), max(1, self.batches_made or self.batches)
-        for name, seconds in sorted(made.items(), key=lambda kv: -kv[1]):
-            share = f"{seconds / total:6.0%}" if name != SLOT_WAIT else f"{'(wait)':>6}"
-            lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per_made:11.1f} "
-                         f"{share}")
-        for name, seconds in main.items():
-            lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
-                         f"{'(main)':>6}")
-        for name, seconds in self.stages.items():  # (a JitMap's compilation: once a shape)
-            if once(name):
-                lines.append(f"  {name[:24]:<24} {seconds:8.3f} {'':>11} {'(once)':>6}")
-        lines.append("advice:")
-        lines += [f"  - {line}" for line in self.advice] or ["  - none"]
-        return "\n".join(lines)
-
-
 def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
              counts: list[int] | None = None, remote: bool = False,
              placed_in_thread: bool = True, read_threads: int | None = None,
-             mapped: Sequence[str] = (), endless: bool = False) -> Diagnosis:
+             mapped: Sequence[str] = (), endless: bool = False,
+             actor_cpus: float | None = None) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
     docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
     worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
     the advice keeps to; ``remote``: the workers are Ray actors (``RayWorkers(n)``), whose
-    cores are the cluster's, not this machine's; ``placed_in_thread``: batches are placed on
-    the device-put thread (one device), not in the training thread (several: ``prefetch``);
+    cores are the cluster's, not this machine's, each taking ``actor_cpus`` of them (more of
+    them whose waits are off the CPU: as many CPUs, shared); ``placed_in_thread``: batches
+    are placed on the device-put thread (one device), not in the training thread (several:
+    ``prefetch``);
     ``read_threads``: the threads a worker reads a batch's records on (a ``DataLoader``'s;
     ``None`` for a loader without them); ``mapped``: the functions the source runs as it
     reads (``mapped_functions``), timed as reading; ``endless``: ``num_epochs=None`` (no
@@ -151,7 +88,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     per = stats.batches
     # a JitMap's compilation, once a shape (in each worker): not a batch's cost, nor its share
     compiled = sum(v for k, v in stages.items() if once(k))
-    made = {k: v for k, v in stages.items() if k not in _MAIN_STAGES and not once(k)}
+    made = {k: v for k, v in stages.items() if k not in MAIN_STAGES and not once(k)}
     made_total = sum(v for k, v in made.items() if k != SLOT_WAIT) or 1e-12  # (the makers'
     # own work: a slot wait is the training process's, which it waits on)
     read = made.get(READ, 0.0)
@@ -317,6 +254,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              "than cores overlap the waits: " + (
                                  f"{more_readers(wanted)}, {gain(wanted)}" if readers else
+                                 f"RayWorkers(n={more}, num_cpus="
+                                 f"{actor_cpus * num_workers / more:.3g}), {gain(more)}"
+                                 if remote and actor_cpus else
                                  f"{named.format(more)}, {gain(more)}"))
             if bottleneck == "source" and read_threads is not None and read_threads < 1024:
                 threads = min(1024, max(16, 2 * read_threads))
