@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import importlib
 import os
+import threading
 import weakref
 from typing import Any, Sequence
 
@@ -48,9 +49,8 @@ from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (a read-local window's)
 _MAX_CACHED_GROUPS = shared_blocks.MAX_CACHED_GROUPS  # (and at most this many)
-# A batch from more row groups than this is read run by run: a join of them would be made again
-# for nearly every batch (a full shuffle), where a read-local batch reads a window's (8 by default)
-_MAX_JOINED = 64
+_MAX_JOINED = 64  # a batch of more row groups is read run by run: a join of them would be
+# made again for nearly every batch (a full shuffle); a read-local one reads a window's (8)
 
 
 @loader_names("source")
@@ -85,9 +85,8 @@ class ParquetSource:
         self._files = ParquetFiles(self.paths, footers.identities)  # opened when read
         self._groups = footers.groups
         self._starts = np.concatenate([[0], np.cumsum(footers.rows)]).astype(np.int64)
-        # row groups of one size but the last, as a writer's row_group_size makes them (one
-        # file's): a row's group is a division (a task of 4,096 rows: 10 against 45 us)
-        rows = footers.rows
+        rows = footers.rows  # row groups of one size but the last, as a writer's row_group_size
+        # makes them (one file's): a row's group is a division (4,096 rows: 10 against 45 us)
         self._group_rows = rows[0] if rows and rows[0] and all(
             r == rows[0] for r in rows[:-1]) and rows[-1] <= rows[0] else 0
         # decoded size, as the footers tell it: whether a batch's row groups fit in the cache
@@ -108,7 +107,7 @@ class ParquetSource:
         self._join: JoinedGroups | None = None  # the last batch's row groups as one table
         self._joins = True  # until a column turns out one that cannot be joined
         self._shared: SharedBlocks | None = None
-        self._shared_tried = False
+        self._shared_tried, self._reading = False, threading.RLock()  # (see __getitem__)
 
     def __getstate__(self) -> dict:
         """For a worker: the table of shared row groups is made here, in the main process, the
@@ -123,7 +122,7 @@ class ParquetSource:
                 self._table_finalizer = weakref.finalize(self, table.destroy)
         state = dict(self.__dict__)
         for key in ("_cache", "_sizes", "_join", "_joins", "_shared", "_shared_tried",
-                    "_table_finalizer"):
+                    "_table_finalizer", "_reading"):
             state.pop(key)
         return state
 
@@ -131,9 +130,8 @@ class ParquetSource:
         self.__dict__.update(state)
         self._table_finalizer = None
         self._reset_process_state()
-        # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) is then, as the
-        # main process makes its model, not in the first batch; so is pyarrow.compute's (a
-        # list column's first decode, ``flatten``, imports it otherwise in the first batch).
+        # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) then, and
+        # pyarrow.compute's (a list column's first decode's), not in the first batch
         parquet_footers.pyarrow_parquet()
         importlib.import_module("pyarrow.compute")
 
@@ -196,7 +194,8 @@ class ParquetSource:
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = record_index(index, len(self), "ParquetSource")
         group = int(np.searchsorted(self._starts, index, side="right")) - 1
-        decoded = self._decoded(group)
+        with self._reading:  # (read_threads over a wrapper's __getitem__: pyarrow's file and
+            decoded = self._decoded(group)  # the cache a thread at a time: a SIGSEGV, EDEADLK)
         row = int(index - self._starts[group])
         return {name: column[row] for name, column in decoded.items()}
 
@@ -204,12 +203,12 @@ class ParquetSource:
         """The rows at ``indices`` as a dict of batched columns (each row group decoded once);
         a list of rows when a column holds lists of different lengths."""
         indices = int_indices(indices, len(self), "ParquetSource")
-        groups = self._groups_of(indices)
-        gathered = self._gather(indices, groups)
-        if gathered is not None:
-            return {name: c.objects() if type(c) is StringColumn else c
-                    for name, c in gathered.items()}
-        return self._by_runs(indices, groups)
+        with self._reading:
+            groups = self._groups_of(indices)
+            if (gathered := self._gather(indices, groups)) is not None:
+                return {name: c.objects() if type(c) is StringColumn else c
+                        for name, c in gathered.items()}
+            return self._by_runs(indices, groups)
 
     def gather_columns(self, indices: np.ndarray) -> dict[str, Any] | None:
         """``__getitems__(indices)`` with strings and bytes left as ``StringColumn``s, which
@@ -217,7 +216,8 @@ class ParquetSource:
         as ``columns.DeferredTake``s, gathered straight into the slot, when the rows' row groups can
         be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
         indices = np.asarray(indices, dtype=np.int64)  # (the loader's: in range; unchecked)
-        return self._gather(indices, self._groups_of(indices), lazy=True)
+        with self._reading:
+            return self._gather(indices, self._groups_of(indices), lazy=True)
 
     def _groups_of(self, indices: np.ndarray) -> np.ndarray:
         """The row group of each of ``indices`` (all in range)."""

@@ -130,6 +130,10 @@ def _alike(kind: Any) -> Any:
         return pa.list_(_alike(kind.value_type))
     if pa.types.is_list(kind):
         return pa.list_(_alike(kind.value_type))
+    if pa.types.is_fixed_size_list(kind):  # (a map's and a fixed list's items too: the audit)
+        return pa.list_(_alike(kind.value_type), kind.list_size)
+    if pa.types.is_map(kind):
+        return pa.map_(_alike(kind.key_type), _alike(kind.item_type))
     if pa.types.is_struct(kind):
         return pa.struct([f.with_type(_alike(f.type)) for f in kind])
     return kind
