@@ -213,11 +213,35 @@ def stat(path: str) -> tuple[int, int, int] | None:
     return found.st_size, found.st_mtime_ns, found.st_ino
 
 
-def whole(path: str) -> list[int]:
-    """``[size, CRC-32 of the first KiB, CRC-32 of the last KiB]`` of the file at ``path``."""
+def whole(path: str, padded: bool = False) -> list[int]:
+    """``[size, CRC-32 of the first KiB, CRC-32 of the last KiB]`` of the file at ``path``;
+    ``padded``: and ``data_tail``'s (a file its writer ends with zeros, as ``ArrayRecordWriter``
+    does: its last KiB the same in every file, where its last records' edits are)."""
     with open_binary(path) as raw:
         found = ends(raw)
-    return [found["size"], found["head"], found["tail"]]
+        last = [data_tail(raw, found["size"])] if padded else []
+    return [found["size"], found["head"], found["tail"], *last]
+
+
+def data_tail(raw: Any, size: int) -> int:
+    """The CRC-32 of the last KiB of the plain file ``raw`` (``size`` bytes) before the zero
+    bytes it ends with, and of where that is, looked for in its last MiB (a tar's two zero
+    blocks and its record's padding, an ArrayRecord file's: the same in every file, where its
+    last records' edits are); ``raw`` left at its start."""
+    end = size
+    while end > max(0, size - (1 << 20)):
+        start = max(0, end - (64 << 10), size - (1 << 20))
+        raw.seek(start)
+        data = raw.read(end - start).rstrip(b"\0")
+        if data:
+            end = start + len(data)
+            break
+        end = start
+    raw.seek(max(0, end - ENDS_BYTES))
+    tail = zlib.crc32(raw.read(min(end, ENDS_BYTES)))
+    raw.seek(0)
+    return zlib.crc32(end.to_bytes(8, "little"), tail)  # (and where it ends: a record put in
+    # the middle, which the padding's room kept at the same size, moves it)
 
 
 def change(then: list[int], now: list[int], path: str = "", parquet: bool | None = None) -> str:
@@ -239,10 +263,11 @@ def change(then: list[int], now: list[int], path: str = "", parquet: bool | None
 
 
 def as_now(then: Any, now: Any) -> Any:
-    """A state's file identities (``then``) with each Parquet file's written before 2026-12-02's
-    forty-fifth session, ``[size, footer's CRC]``, taken as ``now``'s where those two are the
-    same (wherever it is among them): such a state restores, checked as it was then (not its
-    last rows' bytes).
+    """A state's file identities (``then``) with each written before one more part was
+    taken, taken as ``now``'s where the parts it has are the same (wherever it is among
+    them): a Parquet file's before 2026-12-02's forty-fifth session, ``[size, footer's
+    CRC]``, and an ArrayRecord file's before 2026-12-07, ``[size, head, tail]`` (not
+    ``data_tail``'s). Such a state restores, checked as it was then.
 
     Example:
         >>> as_now([[10, 1], [20, 2]], [[20, 3, 8], [10, 1, 7]])
@@ -250,20 +275,21 @@ def as_now(then: Any, now: Any) -> Any:
     """
     if not isinstance(then, list) or not isinstance(now, list):
         return then
-    def parquet(b: Any) -> bool:
-        return isinstance(b, list) and len(b) == 3
+
+    def older(a: Any) -> bool:  # (of the parts a file's identity had before)
+        return isinstance(a, list) and len(a) in (2, 3)
 
     found = list(then)
     for i, a in enumerate(then):  # (in its place first)
-        if isinstance(a, list) and len(a) == 2 and i < len(now) and parquet(now[i]) and \
-                now[i][:2] == a:
+        if older(a) and i < len(now) and isinstance(now[i], list) and \
+                len(now[i]) == len(a) + 1 and now[i][:len(a)] == a:
             found[i] = now[i]
     taken, left = {id(f) for f in found}, dict[str, list]()  # (else wherever it is: the
-    for b in now:  # files reordered; two of one size and footer taken in their order)
-        if parquet(b) and id(b) not in taken:
-            left.setdefault(repr(b[:2]), []).append(b)
+    for b in now:  # files reordered; two of one identity taken in their order)
+        if isinstance(b, list) and len(b) in (3, 4) and id(b) not in taken:
+            left.setdefault(repr(b[:-1]), []).append(b)
     for i, a in enumerate(then):
-        if found[i] is a and isinstance(a, list) and len(a) == 2 and left.get(repr(a)):
+        if found[i] is a and older(a) and left.get(repr(a)):
             found[i] = left[repr(a)].pop(0)
     return found
 

@@ -1,15 +1,16 @@
 """``ArrayRecordSource``: the records of one or many ArrayRecord files (Grain's and MaxText's
 format), as ``bytes``, parsed by a ``Map`` the user gives.
 
-The files' record counts are read once, at construction; index ``i`` is then record
-``i - starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use,
-at most ``_MAX_OPEN`` at once (the least recently used closed first: thousands of files under a
-1,024-descriptor limit). Each file's identity (size, hashes of its first and last KiB) is taken
-at construction, and checked again whenever a reader opens the file, and whenever a stat of a
-local file after a read finds its size, time or inode changed (a file rewritten in place, as
-``ArrayRecordWriter`` does over the same path, would be read through the open reader): a state
-saved over other bytes, or a file changed under the loader, is refused naming the file. A read
-that fails (a damaged chunk) is an error naming the file and its records.
+The files' record counts are read once, at construction; index ``i`` is then record ``i -
+starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use, at
+most ``_MAX_OPEN`` at once (the least recently used closed first: thousands of files under a
+1,024-descriptor limit). Each file's identity (size, hashes of its first and last KiB, and of
+its last KiB before the zeros its writer pads it with) is taken at construction, and checked
+again whenever a reader opens the file, and whenever a stat of a local file after a read finds
+its size, time or inode changed (a file rewritten in place, as ``ArrayRecordWriter`` does over
+the same path, would be read through the open reader): a state saved over other bytes, or a
+file changed under the loader, is refused naming the file. A read that fails (a damaged chunk)
+is an error naming the file and its records.
 Needs the ``array-record`` package (``pip install "jaxloader[array-record]"``). Remote paths
 (``gs://``) are opened by array-record's own reader, in releases built with Riegeli's GCS reader
 (0.8.6 is); local paths are checked to exist first.
@@ -29,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import file_identity
-from jaxloader.base.checks import check_indices, record_index
+from jaxloader.base.checks import int_indices, record_index
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.sources.open_files import OpenFiles
@@ -57,8 +58,8 @@ class ArrayRecordSource:
             counts.append(reader.num_records())
             reader.close()
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._identities = [file_identity.whole(path) if "://" not in path else [0]
-                            for path in self.paths]
+        self._identities = [file_identity.whole(path, padded=True) if "://" not in path
+                            else [0] for path in self.paths]  # (its writer's zeros at its end)
         self._stats = [_stat(path) for path in self.paths]
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
 
@@ -104,8 +105,8 @@ class ArrayRecordSource:
 
     def __getitems__(self, indices: np.ndarray) -> list[bytes]:
         """The records at ``indices``: one read per file touched."""
-        indices = np.asarray(indices, dtype=np.int64)
-        check_indices(indices, len(self), "ArrayRecordSource")
+        indices = int_indices(indices, len(self), "ArrayRecordSource")  # (floats, a mask:
+        # refused, as every source's are, not cut to other records)
         files = np.searchsorted(self._starts, indices, side="right") - 1
         out: list[Any] = [None] * len(indices)
         for k in np.unique(files):
@@ -155,7 +156,7 @@ class ArrayRecordSource:
         if "://" in path:
             return
         try:
-            now: list[int] | None = file_identity.whole(path)
+            now: list[int] | None = file_identity.whole(path, padded=True)
         except OSError:
             now = None
         if now != self._identities[k]:

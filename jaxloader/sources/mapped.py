@@ -49,7 +49,7 @@ from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
 from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
-from jaxloader.sources.code_digest import code_digests, warn_hashing
+from jaxloader.sources.code_digest import code_digest, code_digests, warn_hashing
 from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.huggingface import adapt
 
@@ -125,6 +125,9 @@ class MapSource:
         # (and the bytes of the arrays it holds, which its code's digest reads by their repr:
         # a lookup table changed deep inside restored without a word; "" where it holds none)
         self._arrays = arrays_digest(fn)
+        # (a bound method's object as its code reads it, self.k: a MapSource(source, Scale(2)
+        # .apply) restored over Scale(3)'s without a word; "" for any other function)
+        self._owner = code_digest(fn, bound=True) if inspect.ismethod(fn) else ""
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
@@ -248,8 +251,8 @@ class MapSource:
         """The source's fingerprint, the function's code and the arrays it holds (left out
         as older versions wrote it: at an older ``digest_level()``)."""
         level = digest_level()
-        held = (self._arrays,) if self._arrays and not level and not ARRAYS_LEFT_OUT.get() \
-            else ()
+        held = tuple(h for h in (self._arrays, self._owner) if h) if not level and \
+            not ARRAYS_LEFT_OUT.get() else ()  # (as versions until 2026-12-05, 12-07: none)
         return combined("map", len(self), [self.source], self._fn_digests[level],
                         b"batched" if self.batched else b"records", *held)
 
@@ -258,7 +261,8 @@ class MapSource:
         """``(None,)`` where older versions digested the function otherwise (its defaults
         left out, sets in their run's order, the arrays it holds left out): theirs is
         ``fingerprint`` at ``digest_level()``."""
-        return (None,) if len(set(self._fn_digests)) > 1 or self._arrays else None
+        return (None,) if len(set(self._fn_digests)) > 1 or self._arrays or self._owner \
+            else None
 
     def __repr__(self) -> str:
         name = callable_name(self.fn)

@@ -42,7 +42,7 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
                 # KiB in every tar, saw no edit: the tail is its data's; the older kept)
                 shard._older_tail = found["tail"] if plain else None
                 if plain:
-                    found["tail"] = _data_tail(raw, found["size"])
+                    found["tail"] = file_identity.data_tail(raw, found["size"])
         reader = decompressed(raw, shard.path)
         if reader is not raw:
             try:
@@ -132,27 +132,6 @@ def prefix_head(shard: Any, size: int) -> int:
         return shard._identity["head"]
     with file_identity.open_binary(shard.path) as raw:
         return _head(raw, min(size, file_identity.ENDS_BYTES))
-
-
-def _data_tail(raw: Any, size: int) -> int:
-    """The CRC-32 of the last KiB of the plain file ``raw`` (``size`` bytes) before the zero
-    bytes it ends with, and of where that is, looked for in its last MiB (a tar's two zero
-    blocks and its record's padding: 10 KiB by default, the same in every tar, where its last
-    records' edits are); ``raw`` left at its start."""
-    end = size
-    while end > max(0, size - (1 << 20)):
-        start = max(0, end - (64 << 10), size - (1 << 20))
-        raw.seek(start)
-        data = raw.read(end - start).rstrip(b"\0")
-        if data:
-            end = start + len(data)
-            break
-        end = start
-    raw.seek(max(0, end - file_identity.ENDS_BYTES))
-    tail = zlib.crc32(raw.read(min(end, file_identity.ENDS_BYTES)))
-    raw.seek(0)
-    return zlib.crc32(end.to_bytes(8, "little"), tail)  # (and where it ends: a record put in
-    # the middle, which the padding's room kept at the same size, moves it)
 
 
 def _head(reader: Any, count: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,48 @@ def test_resume_and_bad_files(tmp_path):
     # bucket name, so it fails at once, with no network, and the message says who opened it
     with pytest.raises(jl.ConfigError, match=r"reader could not open 'gs://b/a.array_record'"):
         jl.ArrayRecordSource("gs://b/a.array_record")
+
+
+def test_a_file_rewritten_to_its_size_with_a_record_of_another_length_is_refused(tmp_path):
+    # the writer pads a file with zeros to 64 KiB: its last KiB, which its identity hashed,
+    # was zeros in every file, and a file rewritten to the same size restored (the files audit)
+    import json
+
+    path = str(tmp_path / "a.array_record")
+
+    def write(last):
+        writer = array_record.ArrayRecordWriter(path, "group_size:1")
+        for i in range(200):
+            writer.write(np.arange(64 if i < 199 else last, dtype=np.int64).tobytes())
+        writer.close()
+
+    write(64)
+    size = os.path.getsize(path)
+    with jl.DataLoader(jl.ArrayRecordSource(path), batch_size=50, process_index=0,
+                       process_count=1) as loader:
+        next(iter(loader))
+        state = json.loads(json.dumps(loader.state_dict()))
+    older = json.loads(json.dumps(state))  # (as saved before: [size, head, tail], restored)
+    older["files"] = [identity[:3] for identity in state["files"]]
+    with jl.DataLoader(jl.ArrayRecordSource(path), batch_size=50, process_index=0,
+                       process_count=1) as loader:
+        loader.load_state_dict(older)
+    write(200)
+    assert os.path.getsize(path) == size
+    with jl.DataLoader(jl.ArrayRecordSource(path), batch_size=50, process_index=0,
+                       process_count=1) as loader:
+        with pytest.raises(jl.StateDictError, match=r"a.array_record: the same size, other "
+                                                     r"bytes in its first or last KiB"):
+            loader.load_state_dict(state)
+
+
+def test_float_or_mask_indices_are_refused_as_every_sources_are(tmp_path):
+    # [1.7, 3.9] read records 1 and 3, a mask positions 0 and 1 (the files audit)
+    source = jl.ArrayRecordSource(write(tmp_path))
+    for indices, said in [(np.array([1.7, 3.9]), "float64"), (np.arange(5) % 2 == 1, "bool")]:
+        with pytest.raises(TypeError, match=rf"ArrayRecordSource.__getitems__: expected int "
+                                            rf"positions, got an array of {said}"):
+            source.__getitems__(indices)
 
 
 def test_a_reader_that_raises_where_it_cannot_open_is_told_as_one_that_says_so(monkeypatch):

@@ -201,6 +201,38 @@ def test_a_state_saved_over_another_table_the_function_holds_is_refused():
         assert next(iter(same))["x"].tolist() == [20, 30]
 
 
+class _Times:
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, r):
+        return {"x": r["x"] * self.k}
+
+
+def test_a_state_saved_under_a_bound_methods_object_of_other_attributes_is_refused():
+    # MapSource(source, Scale(2).apply) restored over Scale(3).apply without a word: the
+    # object its code reads (self.k) was not digested, as a loader Map's is (the files audit)
+    from jaxloader.sources.code_digest import code_digests
+    from jaxloader.sources.fingerprint import combined
+
+    base = jl.ArraySource({"x": np.arange(8)})
+
+    def loader(k):
+        return jl.DataLoader(jl.MapSource(base, _Times(k).apply), batch_size=2,
+                             process_index=0, process_count=1)
+
+    with loader(2) as first:
+        take(first, 1)
+        state = json.loads(json.dumps(first.state_dict()))
+    with loader(3) as other, pytest.raises(jl.StateDictError, match="source: expected"):
+        other.load_state_dict(state)
+    with loader(2) as same:
+        same.load_state_dict(state)
+        assert next(iter(same))["x"].tolist() == [4, 6]
+        before = combined("map", 8, [base], code_digests(same._source.fn)[0], b"records")
+        same.load_state_dict({**state, "source": before})  # (as saved before: restored)
+
+
 def test_a_function_that_fills_a_memo_it_holds_restores_in_a_fresh_process():
     # def norm(r, _cache={}): the digest read the memo as it was at state_dict(), filled by
     # the batches made in this process, and a fresh process's empty one: refused there
