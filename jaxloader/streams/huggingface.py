@@ -216,6 +216,9 @@ class HuggingFaceShard:
                 f"state_dict() or None}}, got {state!r:.200}; restore a state this stream saved")
         return given
 
+    def __repr__(self) -> str:  # (it was a function nested in _check_files', never called)
+        return f"HuggingFaceShard({self.name})"
+
     def __getstate__(self) -> dict:  # the iterator stays with its process
         return {**self.__dict__, "_part": None, "_it": None, "_start": None, "_started": False,
                 "_files": None}
@@ -268,6 +271,3 @@ def _check_files(name: str, then: Any, now: list | None) -> None:
                 f"saved ({what}): the state's place would resume inside other rows; restore "
                 "over the files the state was saved with, or start the stream again without "
                 "this state")
-
-    def __repr__(self) -> str:
-        return f"HuggingFaceShard({self.name})"

@@ -27,7 +27,8 @@ from jaxloader.streams.json_values import numbers_as_arrays
 def plan_of(features: Any) -> Any:
     """What ``as_declared`` does with each field of ``features`` (a ``Features`` dict),
     worked out once: a dict of fields' plans for a struct, the declared NumPy dtype of a
-    number or of a list's numbers, ``_STRINGS`` for a list of strings, ``None`` for the rest
+    number or of a list's numbers (or of a time), ``_STRINGS`` for a list of strings, a
+    ``Listed`` for a list of other items (images, structs, lists), ``None`` for the rest
     (strings, images)."""
     if isinstance(features, dict):
         return {key: plan_of(feature) for key, feature in features.items()}
