@@ -126,7 +126,7 @@ def _warn_features_lost(below: Any) -> None:
             walk(plan.inner, path + "[...]")
         elif isinstance(plan, np.dtype) and plan not in _PYTHON.values():
             changed.append(f"{path} {plan}")
-    walk(plan_of(dict(below)), "")
+    walk(plan_of(below), "")
     if changed:
         warnings.warn(
             f"Stream.huggingface(dataset): its map (IterableDataset.map without features=) "
@@ -232,7 +232,8 @@ def _check_chain(name: str, then: dict, now: dict) -> None:
     if saved != held:
         raise StateDictError(
             f"HuggingFaceShard {name}: the state was saved over a dataset whose chain is "
-            f"{' > '.join(saved) or '(none)'}, this one's is {' > '.join(held)}: a map or "
+            f"{' > '.join(saved) or '(none)'}, this one's is {' > '.join(held) or '(none)'}: "
+            "a map or "
             "filter was added, left out or reordered since; restore over the dataset made as "
             "the state's was (its map and filter calls, in order), or start the stream again "
             "without this state")
@@ -246,7 +247,7 @@ def _kinds(state: Any) -> list[str]:
     if not isinstance(state, dict):
         return []
     kind = state.get("type")
-    own = [kind.removesuffix("ExamplesIterable")] if isinstance(kind, str) else []
+    own = [kind.removesuffix("ExamplesIterable") or kind] if isinstance(kind, str) else []
     return own + [k for key in sorted(state, key=str) if key != "previous_state"
                   for k in _kinds(state[key])]
 

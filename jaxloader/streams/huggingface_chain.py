@@ -91,13 +91,22 @@ def refused(dataset: Any) -> str | None:
     return None
 
 
-def features_below(dataset: Any) -> Any:
+def features_below(dataset: Any) -> dict | None:
     """The features declared below the dataset's chain's maps (an ``IterableDataset.map``
-    without ``features=`` leaves the dataset none), the outermost found; ``None`` if none."""
+    without ``features=`` leaves the dataset none), the outermost found, less the columns the
+    maps above it remove (``remove_columns=``, a rename's old name) and those a
+    ``select_columns`` above it leaves out; ``None`` if none."""
+    removed: set = set()
+    selected: set | None = None
     for node in _nodes(getattr(dataset, "_ex_iterable", None)):
         features = getattr(node, "_features", None)
         if features:
-            return features
+            return {key: feature for key, feature in dict(features).items() if key not in
+                    removed and (selected is None or key in selected)}
+        removed.update(getattr(node, "remove_columns", None) or ())
+        kept = getattr(node, "column_names", None)
+        if type(node).__name__ == "SelectColumnsIterable" and isinstance(kept, list):
+            selected = set(kept) if selected is None else selected & set(kept)
     return None
 
 

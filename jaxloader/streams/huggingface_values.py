@@ -127,8 +127,12 @@ def as_declared(value: Any, plan: Any, name: str = "a record") -> Any:
         if plan is not None:
             try:
                 return np.asarray(value, plan)
-            except (TypeError, ValueError):  # inner lists of other lengths: one leaf, as a
-                return _ragged(value, plan)  # Dataset's row (a list of them: a pytree node)
+            except (TypeError, ValueError):  # (an object array of them in one record and an
+                raise RecordError(  # array in the next changed the batch's kind)
+                    f"{name}: lists of {plan} that make no one array ({value!r:.80}: lists of "
+                    "other lengths in one record); pad them to one length in a Map, or read "
+                    "the Dataset with a DataLoader, which gives each row's as an object "
+                    "array") from None
         return numbers_as_arrays(value)
     # a Python number batches as int64, float64 or bool: cast only to another dtype
     if plan is not None and kind in _PYTHON and _PYTHON[kind] != plan:
@@ -148,6 +152,10 @@ def _listed(value: list, inner: Any, name: str) -> Any:
     ``Dataset``'s row is: its items stacked where they are arrays of one shape and dtype
     (images of one size), else an object array of them. A Python list is a pytree node: a
     batch of them was transposed, its row ``i`` holding item ``i`` of every record."""
+    if isinstance(inner, np.dtype) and not any(  # (times: at once, not an item at a time)
+            v is None or isinstance(v, datetime.time) or getattr(v, "tzinfo", None) is not None
+            for v in value):
+        return np.array(value, inner)  # (of no items: an empty one of the dtype, not objects)
     items = [as_declared(v, inner, f"{name}[{i}]") for i, v in enumerate(value)]
     arrays = [v if isinstance(v, np.ndarray) else np.asarray(v) for v in items if isinstance(
         v, (np.ndarray, np.generic)) or hasattr(v, "__array_interface__")]  # (PIL images)
@@ -155,18 +163,6 @@ def _listed(value: list, inner: Any, name: str) -> Any:
             len({(a.shape, a.dtype) for a in arrays}) == 1):
         return np.stack(arrays)  # (lists of strings not: a record's of one length, another's
     return object_column(items)  # of others, would be of other ranks)
-
-
-def _ragged(value: list, dtype: np.dtype) -> np.ndarray:
-    """Lists of numbers of other lengths (at some depth) as an object array of the arrays of
-    ``dtype`` they make, as a ``Dataset``'s row of them is."""
-    out = []
-    for v in value:
-        try:
-            out.append(np.asarray(v, dtype))
-        except (TypeError, ValueError):
-            out.append(_ragged(v, dtype) if type(v) is list else v)
-    return object_column(out)
 
 
 def _declared(plan: Any) -> str:

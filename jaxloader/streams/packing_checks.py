@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning, RecordError, user_stacklevel
-from jaxloader.base.number_kinds import cast_kept, iinfo_of, number_kind
+from jaxloader.base.number_kinds import cast_kept, finfo_of, iinfo_of, number_kind
 from jaxloader.plans.packed_rows import record_tokens
 
 LOOKS = 64  # records looked at for keys as long as the tokens, left out (said once)
@@ -93,22 +93,33 @@ def tokens_of(record: Any, key: str, dtype: np.dtype, first: bool) -> np.ndarray
             f"the records are made (np.asarray(ids, np.int32)) or in tokenize=" if first else
             f"PackedStream: record[{key!r}] holds {value.dtype} values, packed as {dtype}; "
             f"pass dtype={{{key!r}: np.float32, ...}} for it")
-    if value.size and not np.can_cast(value.dtype, dtype) and (  # (a tokenizer's int64 ids:
-            _past(value, iinfo_of(dtype)) if number_kind(value.dtype) in "iu" and  # their
-            number_kind(dtype) in "iu" else cast_kept(value, dtype)[1]):  # range; a float: inf)
-        low, high = value.min(), value.max()
+    if value.size and not np.can_cast(value.dtype, dtype) and _past(value, dtype):
+        low, high = np.nanmin(value), np.nanmax(value)  # (a tokenizer's int64 ids; a float
+        # made inf)
+        wider = "np.int64" if number_kind(dtype) in "iu" else "np.float32" if max(
+            abs(float(low)), abs(float(high))) <= _FLOAT32_MAX else "np.float64"
         raise RecordError(
             f"PackedStream: record[{key!r}] holds {'tokens' if first else 'values'} outside "
             f"{dtype} ([{low}, {high}]); pass dtype= a wider "
-            + (("integer" if first else f"integer for it: dtype={{{key!r}: np.int64, ...}}")
-               if number_kind(dtype) in "iu" else
-               f"float for it: dtype={{{key!r}: np.float32, ...}}"))
+            + ("integer" if first else f"{'integer' if number_kind(dtype) in 'iu' else 'float'}"
+               f" for it: dtype={{{key!r}: {wider}, ...}}"))
     return value
 
 
-def _past(value: np.ndarray, info: Any) -> bool:
-    """Whether an int array holds a value past ``info``'s range (``np.iinfo``)."""
-    return bool(value.min() < info.min or value.max() > info.max)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _past(value: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether ``value`` holds a value past ``dtype``'s range: an int's, or a float's largest
+    (made infinite; ints rounded into a float are kept, as a float rounded is). Two reductions
+    (a record's weights, every record): ``cast_kept`` where they are not finite (NaN, inf)."""
+    low, high = value.min(), value.max()
+    if number_kind(dtype) in "iu":
+        info = iinfo_of(dtype)
+        return bool(low < info.min or high > info.max)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return cast_kept(value, dtype)[1] != ""
+    return bool(max(abs(float(low)), abs(float(high))) > float(finfo_of(dtype).max))
 
 
 def warn_truncated(packed: Any, lengths: list[int]) -> None:

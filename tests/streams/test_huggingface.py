@@ -452,6 +452,28 @@ def _png(image):
     return out.getvalue()
 
 
+def test_an_empty_list_of_times_keeps_its_dtype_and_lists_of_other_lengths_are_named():
+    # an empty list of times was an object array (batches of datetime64 and object by turns);
+    # lists of lists of other lengths in one record an object array, of one length an array:
+    # the batch's kind changed with the records (the review)
+    from datasets import Features, List, Value
+
+    days = [[datetime.datetime(2020, 1, 1 + i)] * 2 for i in range(3)] + [[]]
+    ds = datasets.Dataset.from_dict({"t": days}, features=Features({"t": List(
+        Value("timestamp[ms]"))}))
+    streamed = HuggingFaceShard(ds.to_iterable_dataset(), 0, 1, ("d", "d"))
+    rows = [streamed.next()["t"] for _ in range(4)]
+    assert [r.dtype for r in rows] == [np.dtype("datetime64[ms]")] * 4 and rows[3].shape == (0,)
+    ragged = datasets.Dataset.from_dict({"n": [[[1], [2, 3]]]}, features=Features({"n": List(
+        List(Value("int32")))}))
+    with jl.StreamLoader(ragged.to_iterable_dataset(), batch_size=1, process_index=0,
+                         process_count=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"\['n'\]: lists of int32 that make no one "
+                                                     r"array \(\[\[1\], \[2, 3\]\]: lists of "
+                                                     r"other lengths in one record\); pad them"):
+            next(iter(loader))
+
+
 def test_times_of_day_and_lists_of_times_batch_as_a_datasets_do():
     # a stream refused them (datetime.time, lists of datetimes do not batch; the HF audit)
     import pyarrow as pa
@@ -532,6 +554,10 @@ def test_a_map_that_leaves_no_features_over_declared_dtypes_is_warned_of():
         warnings.simplefilter("error")
         jl.Stream.huggingface(ids.map(lambda r: r, features=ids.features))  # (kept: none)
         jl.Stream.huggingface(ids.select_columns(["t"]).map(lambda r: r))  # (str: the same)
+        # (the columns a map removes, or a select leaves out, come from no declared feature:
+        # warned of for tokenize(remove_columns=...), the review)
+        jl.Stream.huggingface(ids.map(lambda r: {"m": 1}, remove_columns=["v", "n"]))
+        jl.Stream.huggingface(ids.map(lambda r: r).select_columns(["t"]))
 
 
 @pytest.mark.parametrize("release", ["4.8.4", "3.2.0", "4.8.5rc1", "4.8.5.dev0", "4.8.5-rc1",
