@@ -88,7 +88,31 @@ def refused(dataset: Any) -> str | None:
         found = _REFUSED.get("batch" if batches else type(node).__name__)
         if found is not None:
             return found
-    return None
+    return _UNBATCHED if _unbatched(getattr(dataset, "_ex_iterable", None), False, False) \
+        else None
+
+
+_UNBATCHED = (
+    "a concatenation (concatenate_datasets) of parts mapped and not, then filtered or mapped: "
+    "datasets restores the filter or map over a part not mapped at the end of the Arrow chunk "
+    "it had read, so a restore would skip records, silently (datasets 5.2); map every part "
+    "before concatenating them (part.map(lambda r: r) for one without a map), or concatenate "
+    "the Datasets before .to_iterable_dataset()")
+
+
+def _unbatched(node: Any, mapped: bool, rebatched: bool, depth: int = 0) -> bool:
+    """Whether an Arrow reader under ``node`` has a ``map``/``filter`` above it with no
+    ``RebatchedArrowExamplesIterable`` between (``mapped``, ``rebatched``: above ``node``)."""
+    if node is None or depth > 64:
+        return False
+    kind = type(node).__name__
+    if kind == "ArrowExamplesIterable":
+        return mapped and not rebatched
+    mapped = mapped or kind in ("MappedExamplesIterable", "FilteredExamplesIterable")
+    rebatched = rebatched or kind == "RebatchedArrowExamplesIterable"
+    joined = getattr(node, "ex_iterables", None)
+    return any(_unbatched(inner, mapped, rebatched, depth + 1) for inner in [
+        *(joined if isinstance(joined, (list, tuple)) else ()), getattr(node, "ex_iterable", None)])
 
 
 def features_below(dataset: Any) -> dict | None:
