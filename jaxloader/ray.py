@@ -45,9 +45,9 @@ from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor, actor_arguments, payload, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (WAIT_SAID_S, RayStallWatch, TaskQueues, actor_text, all_gone,
-                                 broken_closes, check_session, get, lost_errors, lost_reason,
-                                 session, start_failed, step_failed, steps_text, task_failed,
-                                 task_steps, waiting_to_start)
+                                 broken_closes, check_session, get, gone, lost_errors,
+                                 lost_reason, session, start_failed, step_failed, steps_text,
+                                 task_failed, task_steps, waiting_to_start)
 from jaxloader.workers.failures import closed, unpicklable
 from jaxloader.workers.stalls import StallWatch
 from jaxloader.workers.source_copies import Copies
@@ -158,7 +158,7 @@ class RayEngine:
         # their where() call, which returns once they run
         self._pending: dict[int, Any] = {i: a.where.remote() for i, a in enumerate(self._actors)}
         self._back_by: dict[int, float] = {}  # an actor Ray restarts: asked again until then
-        self._turn, self.actor_cpus = 0, float(spec.actor_options.get("num_cpus", 1))
+        self._turn, self.actor_cpus = 0, float(spec.actor_options.get("num_cpus") or 0)
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
         self.tasks = TaskQueues(spec.n, ray)  # each actor's, in the order sent: timeout_s's count
@@ -166,7 +166,7 @@ class RayEngine:
             self._admit(spec.start_timeout_s, spec.min_actors)
         except BaseException as e:  # (a Ctrl-C as it waited: raised as it is)
             error = start_failed(ray, spec, e, len(self._alive)) if isinstance(e, Exception) \
-                else None  # (said before close(): the free resources, the actors' not back)
+                else gone(ray, e)  # (said before close(): the free resources; Ray shut down)
             self.close()
             if error is None:
                 raise

@@ -65,10 +65,10 @@ class MakerActor:
         in it as in a local worker (it said ``None``: code that opens a handle a worker, or
         asks whether it runs in one, took the actor for the training process). ``folder``:
         the training process's current folder, the actor's where it is there (a transform's
-        relative path read another file, or none, where a local worker's read the one meant);
-        ``None`` where ``runtime_env`` sets its own (``working_dir``)."""
+        relative path read another file, or none, where a local worker's read the one meant),
+        unless ``runtime_env`` (the actor's or its job's) sets its own (``working_dir``)."""
         jit_cpu.IN_WORKER = True  # (its JitMaps' XLA sized to THREADS_ENV, donating)
-        if folder is not None and os.path.isdir(folder):
+        if folder is not None and os.path.isdir(folder) and not _working_dir_set():
             os.chdir(folder)
         if settings is not None:  # (a script's recursion limit for a deep transform, its
             relay_worker.apply(settings)  # warning filters: as a local worker's)
@@ -191,6 +191,17 @@ def actor_arguments(index: int, count: int, options: dict) -> tuple:
     own = "working_dir" in (options.get("runtime_env") or {})
     return (list(sys.path), list(sys.argv), relay.settings(), (index, count),
             None if own else _current_folder())
+
+
+def _working_dir_set() -> bool:
+    """Whether this actor's ``runtime_env`` (its own, or its job's: ``ray.init(runtime_env=)``)
+    has a ``working_dir``, which Ray made its current folder."""
+    try:
+        import ray
+
+        return bool((ray.get_runtime_context().runtime_env or {}).get("working_dir"))
+    except Exception:  # noqa: BLE001 - no Ray context here (a test's actor body): none
+        return False
 
 
 def _current_folder() -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, Generator
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.ray_actor import actor_arguments
-from jaxloader.ray_tasks import (TASK_SECONDS, check_session, lost_errors, lost_reason,
+from jaxloader.ray_tasks import (TASK_SECONDS, check_session, gone, lost_errors, lost_reason,
                                  steps_text, task_steps)
 from jaxloader.workers.failures import closed
 
@@ -171,6 +171,8 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     try:
         engine._pids[actor], engine._nodes[actor] = ray.get(made.where.remote(),
                                                             timeout=spec.start_timeout_s)
+    except SystemExit as e:  # (Ray shut down on another thread as it waited)
+        raise gone(ray, e) or e from None
     except Exception as e:
         if engine._closed:  # (killed by close() as it started: not the cluster's doing)
             raise closed() from e

@@ -116,15 +116,24 @@ def get(ray: Any, ref: Any, wait_s: float | None, watch: StallWatch | None,
 
 
 def _got(ray: Any, ref: Any, timeout: float | None) -> Any:
-    """``ray.get(ref)``; the Ray session shut down meanwhile (``ray.shutdown()`` on another
-    thread: Ray's ``get`` raises ``SystemExit(0)``, which ended the training script with status
-    0 and no word) a ``WorkerError``."""
+    """``ray.get(ref)``; the Ray session shut down meanwhile a ``WorkerError`` (``gone``)."""
     try:
         return ray.get(ref, timeout=timeout)
-    except SystemExit:
-        if ray.is_initialized():  # (a sys.exit of the process's own: a signal's handler)
+    except SystemExit as e:
+        error = gone(ray, e)
+        if error is None:
             raise
-        raise WorkerError(_GONE) from None
+        raise error from None
+
+
+def gone(ray: Any, e: BaseException) -> WorkerError | None:
+    """The error for ``e``, a ``SystemExit(0)`` Ray's ``get``/``wait`` raise where the session
+    shut down as they waited (``ray.shutdown()`` on another thread: it ended the training
+    script with status 0 and no word), or ``None``: an exit of the process's own (a signal's
+    handler's ``sys.exit(3)``, Ray still running or not) goes on as it is."""
+    if isinstance(e, SystemExit) and e.code in (0, None) and not ray.is_initialized():
+        return WorkerError(_GONE)
+    return None
 
 
 class RayStallWatch(StallWatch):

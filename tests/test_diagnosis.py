@@ -774,6 +774,9 @@ def test_ray_actors_are_advised_as_actors_and_each_keeps_its_own_pid_in_the_stat
                                actor_cpus=1.0).advice)
     assert "off the CPU: more workers than cores overlap the waits: RayWorkers(n=4, " \
         "num_cpus=0.5)" in advice, advice
+    advice = " ".join(diagnose(stats_waiting, num_workers=2, cores=8, remote=True,
+                               actor_cpus=1.0, counts=[3]).advice)  # (2 CPUs over 3, rounded
+    assert "RayWorkers(n=3, num_cpus=0.666)" in advice, advice  # down: 3 x 0.667 > 2)
     # a stream of 2 readers on 2 actors takes no more: it was told RayWorkers(n=2), the count
     # it had (the Ray streams audit)
     advice = " ".join(diagnose(stats, num_workers=2, cores=8, remote=True,

@@ -896,6 +896,8 @@ def test_a_loader_used_after_ray_shutdown_says_its_session_is_gone():
     try:  # here, which this process's later tests' scripts then inherited)
         ray.init(address="local", num_cpus=1, include_dashboard=False,  # (its own, not the
                  log_to_driver=False)  # cluster another test's process runs meanwhile)
+        with loader(workers=RayWorkers(1, num_cpus=None)) as unset:  # (Ray's own default:
+            next(iter(unset))  # float(None) raised, the actors left running: the review)
         on_ray = loader(workers=RayWorkers(1))
         it = iter(on_ray)
         next(it)
@@ -935,6 +937,10 @@ def test_a_ray_shutdown_on_another_thread_during_a_wait_is_a_worker_error_not_an
         ray_tasks.get(gone, object(), None, None, str)
     gone.initialized = True
     with pytest.raises(SystemExit):
+        ray_tasks.get(gone, object(), None, None, str)
+    gone.initialized = False  # (a signal handler's sys.exit(3) after its ray.shutdown(): an
+    gone.get = lambda ref, timeout=None: sys.exit(3)  # exit, not an input error: the review)
+    with pytest.raises(SystemExit, match="3"):
         ray_tasks.get(gone, object(), None, None, str)
 
 

@@ -4,6 +4,8 @@ another reads (a ParquetSource crashed the process, or said its file was damaged
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -425,3 +427,30 @@ def test_read_threads_shared_by_two_loaders_never_wait_on_each_other_for_good():
     trainer.stop()
     assert made == [list(range(8))] * 3 and not trainer.is_alive()  # (the trainer's own
     # reads overlap each other: read_threads=4 reads one source on four threads)
+
+
+def test_a_sources_own_lock_held_by_a_thread_at_a_fork_is_free_in_the_child():
+    # a ParquetSource's reads take turns on its own lock: held by a reading thread as the
+    # process forked (a fork pool), the child's first read waited for ever (the review)
+    from jaxloader.base.source_locks import OwnLock
+
+    lock, held, release = OwnLock(), threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            release.wait(10)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # (the child: the lock free, or the alarm's exit 2)
+            signal.alarm(5)
+            with lock:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -181,10 +181,16 @@ ARRAYS_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("arrays_l
 fingerprint without the bytes of the arrays its function holds, the rest as today's."""
 
 
+OWNER_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("owner_left_out",
+                                                                     default=False)
+"""Set to describe a source as versions until 2026-12-07 wrote it: a ``MapSource`` of a bound
+method's fingerprint without its object as its code reads it, the rest as today's."""
+
+
 def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
     """``compute()`` as each older version wrote it: today's under each ``OLDER_DIGESTS`` level,
-    the newest first, then each ``OLDER`` generation's, then (a change of its own, kept last so
-    that the others keep their places) with ``ARRAYS_LEFT_OUT``."""
+    the newest first, then each ``OLDER`` generation's, then (changes of their own, kept last so
+    that the others keep their places) with ``ARRAYS_LEFT_OUT``, and with ``OWNER_LEFT_OUT``."""
     found = []
     for level in range(1, DIGEST_LEVELS + 1):
         token = OLDER_DIGESTS.set(level)
@@ -195,9 +201,14 @@ def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
     found += [in_generation(g, compute) for g in range(1, GENERATIONS + 1)]
     left_out = ARRAYS_LEFT_OUT.set(True)
     try:
-        return found + [compute()]
+        found.append(compute())
     finally:
         ARRAYS_LEFT_OUT.reset(left_out)
+    owner_out = OWNER_LEFT_OUT.set(True)
+    try:
+        return found + [compute()]
+    finally:
+        OWNER_LEFT_OUT.reset(owner_out)
 
 
 def fingerprint_of(source: object) -> str | None:

@@ -252,6 +252,9 @@ def change(then: list[int], now: list[int], path: str = "", parquet: bool | None
         return f"size {then[0]:,} bytes then, {now[0]:,} now"
     if len(then) == 2:
         return "the same size, another footer (its row groups' sizes or statistics differ)"
+    if len(then) == 4 and then[:3] == now[:3]:  # (an ArrayRecord file's: its index)
+        return ("the same size and first and last KiB, another last KiB before the zeros its "
+                "writer pads it with (its index: a record of another length)")
     name = os.path.basename(path).lower()
     if parquet is None and name.endswith((".parquet", ".pq", ".parq")):
         parquet = True

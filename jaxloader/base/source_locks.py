@@ -69,6 +69,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
+class OwnLock:
+    """A re-entrant lock of a source's own (a ``ParquetSource``'s reads a thread at a time),
+    made anew in a forked child: the parent's copy may be held for good there (by a thread
+    that is not in the child), and a read in a ``fork`` pool's child waited for ever.
+
+    Example:
+        >>> lock = OwnLock()
+        >>> with lock, lock:  # (re-entrant)
+        ...     pass
+    """
+
+    def __init__(self) -> None:
+        self._pid, self._lock = os.getpid(), threading.RLock()
+
+    def __enter__(self) -> bool:
+        if self._pid != os.getpid():
+            self._pid, self._lock = os.getpid(), threading.RLock()
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.__exit__(*exc)
+
+
 def lock_of(source: Any) -> threading.RLock:
     """The lock of ``source`` (the same object, the same lock; re-entrant)."""
     return _kept(("one", id(source)), source, threading.RLock)

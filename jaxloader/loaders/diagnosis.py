@@ -254,8 +254,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              "than cores overlap the waits: " + (
                                  f"{more_readers(wanted)}, {gain(wanted)}" if readers else
-                                 f"RayWorkers(n={more}, num_cpus="
-                                 f"{actor_cpus * num_workers / more:.3g}), {gain(more)}"
+                                 f"RayWorkers(n={more}, num_cpus="  # (rounded down: fit)
+                                 f"{int(actor_cpus * num_workers / more * 1e3) / 1e3:g}), "
+                                 f"{gain(more)}"
                                  if remote and actor_cpus else
                                  f"{named.format(more)}, {gain(more)}"))
             if bottleneck == "source" and read_threads is not None and read_threads < 1024:

@@ -155,14 +155,15 @@ class ArrayRecordSource:
         path = self.paths[k]
         if "://" in path:
             return
+        stat = _stat(path)  # (the tail before its padding read where it changed: a reader
+        padded = stat != self._stats[k]  # opened again, one of 16, read 64 KiB more each time)
         try:
-            now: list[int] | None = file_identity.whole(path, padded=True)
+            now: list[int] | None = file_identity.whole(path, padded=padded)
         except OSError:
             now = None
-        if now != self._identities[k]:
+        if now != self._identities[k][:None if padded else 3]:
             raise file_identity.changed_error("ArrayRecordSource", path, self._identities[k],
                                               now, "records")
-        stat = _stat(path)
         if stat != self._stats[k]:
             self._stats[k] = stat
             self._readers.drop(k)

@@ -39,8 +39,8 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, block_starts_of, digest_level, lengths_of,
-                                      order_check_of, origin_of)
+from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, OWNER_LEFT_OUT, block_starts_of,
+                                      digest_level, lengths_of, order_check_of, origin_of)
 from jaxloader.base.checks import (callable_name, check_bool, check_one_argument, record_index,
                                    source_said)
 from jaxloader.base.errors import ConfigError
@@ -251,8 +251,9 @@ class MapSource:
         """The source's fingerprint, the function's code and the arrays it holds (left out
         as older versions wrote it: at an older ``digest_level()``)."""
         level = digest_level()
-        held = tuple(h for h in (self._arrays, self._owner) if h) if not level and \
-            not ARRAYS_LEFT_OUT.get() else ()  # (as versions until 2026-12-05, 12-07: none)
+        held = tuple(h for h in (self._arrays, "" if OWNER_LEFT_OUT.get() else self._owner)
+                     if h) if not level and not ARRAYS_LEFT_OUT.get() else ()  # (as versions
+        # until 2026-12-05 wrote it: neither; until 2026-12-07: the arrays alone)
         return combined("map", len(self), [self.source], self._fn_digests[level],
                         b"batched" if self.batched else b"records", *held)
 

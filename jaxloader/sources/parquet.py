@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import importlib
 import os
-import threading
 import weakref
 from typing import Any, Sequence
 
@@ -36,6 +35,7 @@ from jaxloader.base.batch_rows import split_rows
 from jaxloader.base.checks import Int, check_bool, check_int, int_indices, record_index
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.base.loader_names import loader_names
+from jaxloader.base.source_locks import OwnLock
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick, runs_order
 from jaxloader.sources.joined_groups import JoinedGroups
@@ -107,7 +107,7 @@ class ParquetSource:
         self._join: JoinedGroups | None = None  # the last batch's row groups as one table
         self._joins = True  # until a column turns out one that cannot be joined
         self._shared: SharedBlocks | None = None
-        self._shared_tried, self._reading = False, threading.RLock()  # (see __getitem__)
+        self._shared_tried, self._reading = False, OwnLock()  # (see __getitem__)
 
     def __getstate__(self) -> dict:
         """For a worker: the table of shared row groups is made here, in the main process, the

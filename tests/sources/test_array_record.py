@@ -88,8 +88,9 @@ def test_a_file_rewritten_to_its_size_with_a_record_of_another_length_is_refused
     assert os.path.getsize(path) == size
     with jl.DataLoader(jl.ArrayRecordSource(path), batch_size=50, process_index=0,
                        process_count=1) as loader:
-        with pytest.raises(jl.StateDictError, match=r"a.array_record: the same size, other "
-                                                     r"bytes in its first or last KiB"):
+        with pytest.raises(jl.StateDictError, match=r"a.array_record: the same size and first "
+                                                     r"and last KiB, another last KiB before the "
+                                                     r"zeros its writer pads it with"):
             loader.load_state_dict(state)
 
 

@@ -203,7 +203,7 @@ def test_a_state_saved_over_another_table_the_function_holds_is_refused():
 
 class _Times:
     def __init__(self, k):
-        self.k = k
+        self.k, self.table = k, np.arange(2000)  # (an array it holds: digested apart)
 
     def apply(self, r):
         return {"x": r["x"] * self.k}
@@ -229,8 +229,10 @@ def test_a_state_saved_under_a_bound_methods_object_of_other_attributes_is_refus
     with loader(2) as same:
         same.load_state_dict(state)
         assert next(iter(same))["x"].tolist() == [4, 6]
-        before = combined("map", 8, [base], code_digests(same._source.fn)[0], b"records")
-        same.load_state_dict({**state, "source": before})  # (as saved before: restored)
+        mapped = same._source
+        for held in [(), (mapped._arrays,)]:  # (as saved before 12-05, and before 12-07)
+            before = combined("map", 8, [base], code_digests(mapped.fn)[0], b"records", *held)
+            same.load_state_dict({**state, "source": before})  # (restored)
 
 
 def test_a_function_that_fills_a_memo_it_holds_restores_in_a_fresh_process():
