@@ -912,6 +912,24 @@ def test_a_worker_going_idle_sends_its_timings():
         assert loader.stats.batches_made == 20
 
 
+def test_a_loop_paused_after_a_few_batches_is_judged_on_the_workers_work_for_them():
+    # a worker held its timings until 50 ms had passed or its inbox was empty, and the Done
+    # that then carried them was never read by a loop paused: 12 batches handed out, 1 made
+    # as the stats said, the worker 10% busy, and the verdict "main" for a busy worker
+    def burn(record):  # (0.2 ms a record: 12 batches in under 50 ms)
+        spin(0.0002)
+        return record
+
+    with jl.DataLoader(arrays(2048), batch_size=8, num_workers=1, num_epochs=None,
+                       transforms=[jl.Map(burn)], **ONE) as loader:
+        it = iter(loader)
+        for _ in range(12):
+            next(it)
+        stats = loader.stats
+        assert stats.batches_made >= 12, stats
+        assert loader.diagnose().bottleneck == "workers", loader.diagnose()
+
+
 def test_after_reset_stats_the_workers_timings_are_of_work_done_since():
     # a task's timings ride on a Done read later: work made ahead before the reset came in
     # after it (a worker busy 273x the window's wall time, clipped to 100% busy)

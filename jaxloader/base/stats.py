@@ -99,8 +99,8 @@ class LoaderStats(NamedTuple):
     num_workers: int = 0
     #: batches made and waiting, on average, when one was handed out
     ready_ahead: float = 0.0
-    #: batches made, as reported: ahead of ``batches`` by those waiting, or behind for a
-    #: moment (a worker reports its batches at most every 50 ms)
+    #: batches made, as reported: ahead of ``batches`` by those waiting (a worker's are
+    #: counted as the training process reads them, with their batches)
     batches_made: int = 0
     #: from the first ``next()`` to its batch (the workers' start included)
     first_batch_s: float = 0.0

@@ -56,7 +56,6 @@ from jaxloader.workers.tasks import ahead_slots
 # before Python 3.13)
 _MAX_MAPPED = 128
 _UNUSED = 256  # slots given since a mapping was last used, past which it is let go
-SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most (busy)
 
 
 class _Slots:
@@ -132,10 +131,6 @@ class _Inbox:
 
     def next(self) -> Any:
         return self._pending.popleft() if self._pending else protocol.receive(self.conn)
-
-    def empty(self) -> bool:
-        """Whether no message waits: the worker goes idle after its task."""
-        return not self._pending and not self.conn.poll()
 
     def wait_for_slot(self, task_id: int, nth: int) -> Slot:
         while True:
@@ -236,14 +231,12 @@ def _serve_tasks(conn: Connection, maker: Maker, status: WorkerStatus) -> None:
     last_layout = None
     stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
     clock: StageClock = getattr(maker, "clock", None) or StageClock()
-    busy = cpu = send_at = 0.0  # tasks' seconds and CPU seconds not yet sent; when to send
-    since = None  # (time.monotonic, one clock for every process) the first task not yet sent
     while True:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
         began, cpu_began = time.perf_counter(), time.process_time()
-        since = time.monotonic() if since is None else since
+        since = time.monotonic()  # (one clock for every process)
         task_id, first, stride, named, reset, trace, run = message
         if (clock.trace is not None) != trace:
             clock.trace = [] if trace else None
@@ -276,18 +269,13 @@ def _serve_tasks(conn: Connection, maker: Maker, status: WorkerStatus) -> None:
             last_layout = layout
         batches = None  # (a task left or failed: its reads in flight end, the rest not read)
         status.idle()
-        # The timings ride on a Done (jaxloader.base.timings): no message of their own, and on
-        # one every SEND_EVERY_S at most (each costs the main process its unpickling, ~2 us),
-        # or as the worker goes idle (else the stats lag the batches handed out by a
-        # read-ahead; a worker that keeps up sends them with nearly every Done: a task's, of
-        # up to 16 small batches); stamped with when their first task began (timings from
-        # before a reset of the stats are dropped)
-        now = time.perf_counter()
-        busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
-        timings = None
-        if now >= send_at or trace or failed is not None or inbox.empty():
-            timings, busy, cpu = (busy, cpu, *clock.take(busy), since), 0.0, 0.0
-            send_at, since = now + SEND_EVERY_S, None
+        # The timings ride on every Done (jaxloader.base.timings): no message of their own,
+        # and none held back (the main process reads a Done only as it needs its batches: a
+        # loop paused after a few had their timings in a Done it never read, and diagnose()
+        # blamed the training process for a busy worker); stamped with when the task began
+        # (timings from before a reset of the stats are dropped)
+        busy = time.perf_counter() - began
+        timings = (busy, time.process_time() - cpu_began, *clock.take(busy), since)
         relay_worker.send_kept(conn, wait=True)  # (what the steps said: before them)
         relay_worker.said_again()
         sent = _send_made(conn, task_id, first, stride, made, timings)
