@@ -129,7 +129,8 @@ def test_a_generators_older_digests_are_taken_and_made_only_for_a_state_that_dif
     assert len(forms) == 3 and all(codes != state["generators"] for codes in forms[1:])
     for codes in forms:
         assert _restored_quietly(make, {**state, "generators": codes}) == want
-    with make() as other, pytest.warns(UserWarning, match="from_generator functions differ"):
+    with make() as other, pytest.warns(UserWarning,
+                                       match="functions that make the stream's records"):
         other.load_state_dict({**state, "generators": ["0" * 16] * 2})
 
 

@@ -764,8 +764,9 @@ def test_a_state_over_a_generator_of_other_files_is_warned_of_and_an_older_one_t
         state = json.loads(json.dumps(loader.state_dict()))
     assert len(state["generators"]) == 1  # (under two maps too)
     with loader_of(stream(tmp_path / "b.jsonl"), []) as other:
-        with pytest.warns(UserWarning, match=r"from_generator functions differ .* by their "
-                                             r"code or what their closures hold .* from step 2"):
+        with pytest.warns(UserWarning, match=r"functions that make the stream's records .* by "
+                                             r"their code or what their closures hold .* from "
+                                             r"step 2"):
             other.load_state_dict(state)
     with loader_of(stream(tmp_path / "a.jsonl"), []) as same, warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -144,9 +144,10 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
 
 def warn_changed_generators(saved: Any, now: list[str], step: int,
                             before: Callable[[], Sequence[list[str]]] = tuple) -> None:
-    """A warning where the stream's ``Stream.from_generator`` functions differ from the saved
-    run's, by their code or what their closures hold (a list of files): the restore would read
-    other records. A warning, not a refusal: a closure may hold what differs each run and
+    """A warning where the functions that make the stream's records (``Stream.from_generator``'s,
+    a Hugging Face dataset's ``map``, ``filter`` and ``from_generator`` functions) differ from
+    the saved run's, by their code or what their closures hold (a list of files): the restore
+    would read other records. A warning, not a refusal: a closure may hold what differs each run and
     changes no record (parsed arguments, a time). Older states: none, or one of ``before()``
     (made only for a state that differs)."""
     if saved is None or saved == now or saved in before():
@@ -155,8 +156,9 @@ def warn_changed_generators(saved: Any, now: list[str], step: int,
         raise StateDictError(f"state['generators']: expected a list of str, received "
                              f"{saved!r:.120}; pass the dict that state_dict() returned, unchanged")
     warnings.warn(
-        f"the stream's Stream.from_generator functions differ from those of the run that saved "
-        f"this state, by their code or what their closures hold (digests: saved {saved[:4]}, "
-        f"now {now[:4]}): if they make other records (other files), the stream from step "
-        f"{step} is not the saved run's; restore with the same generators for the same "
-        "records", JaxloaderWarning, stacklevel=user_stacklevel())
+        f"the functions that make the stream's records (Stream.from_generator's; a Hugging Face "
+        f"dataset's map, filter and from_generator functions) differ from those of the run "
+        f"that saved this state, by their code or what their closures hold (digests: saved "
+        f"{saved[:4]}, now {now[:4]}): if they make other records (other files), the stream "
+        f"from step {step} is not the saved run's; restore with the same functions for the "
+        "same records", JaxloaderWarning, stacklevel=user_stacklevel())

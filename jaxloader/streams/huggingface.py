@@ -24,7 +24,8 @@ when they are alike (as arrays of one shape are); a list of images, structs or l
 leaf too (``huggingface_values``). Where the features are unknown (a JSON file streamed
 without them, or a ``map`` without ``features=``, warned of where it loses declared dtypes),
 lists of numbers become arrays as ``JsonlShard`` reads them. A restore over a dataset whose
-chain of ``map``s and ``filter``s differs from the state's is refused.
+chain of ``map``s and ``filter``s differs from the state's is refused; one over other functions
+in it (and another ``from_generator`` function) is warned of (``functions_digest``).
 
 The dataset's own ``shuffle`` is refused: its buffer is lost at every restore (the dataset's
 documentation says so), so the rest of the stream would differ. The stream's
@@ -106,7 +107,8 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     name = getattr(getattr(dataset, "info", None), "dataset_name", None) or "IterableDataset"
     names = (name + huggingface_chain.data_digest(dataset),
              name + in_generation(1, lambda: huggingface_chain.data_digest(dataset)))
-    return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names))
+    code = huggingface_chain.functions_digest(dataset)  # (a state's "generators")
+    return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names), code)
             for i in range(count)]
 
 
@@ -142,9 +144,12 @@ class HuggingFaceShard:
     index)``), following the ``Shard`` protocol; the state is the dataset's own."""
 
     fresh_state = True  # (get_state() makes it anew: the reader keeps it without a copy)
+    code_before = ("",)  # (states until 2026-12-07's eleventh session: its functions undigested)
 
-    def __init__(self, dataset: Any, index: int, count: int, names: tuple[str, ...]) -> None:
+    def __init__(self, dataset: Any, index: int, count: int, names: tuple[str, ...],
+                 code: str | None = None) -> None:
         self.dataset, self.index, self.count, self._names = dataset, index, count, names
+        self.code = code  # its functions' digest (``iterable_shards.codes_of``), if any
         features = getattr(dataset, "features", None)
         self._plan = plan_of(dict(features)) if features else _UNKNOWN
         self._part: Any = None

@@ -6,12 +6,14 @@ their attributes and classes' names: ``datasets`` is not imported here."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any, Iterator
 
 from jaxloader.base import file_identity
 from jaxloader.base.abilities import older_digests
+from jaxloader.sources.code_digest import code_digest
 
 
 def data_digest(dataset: Any) -> str:
@@ -32,6 +34,30 @@ def data_digest(dataset: Any) -> str:
                 digest.update(value._fingerprint.encode())
                 found = True
     return f"@{digest.hexdigest()}" if found else ""
+
+
+def functions_digest(dataset: Any) -> str | None:
+    """A digest of the user's functions the dataset's chain runs: each ``map``'s and
+    ``filter``'s, with its ``fn_kwargs``, and an ``IterableDataset.from_generator``'s, with its
+    ``gen_kwargs`` (``code_digest``: their code and what they hold), which a stream state holds
+    as a ``Stream.from_generator``'s: a restore over other functions, which would read other
+    records from the saved position, is warned of. ``datasets``' own functions (a
+    ``rename_column``'s) are left out: they change with its version, not the records. ``None``
+    where it runs none of the user's."""
+    found = []
+    for node in _nodes(getattr(dataset, "_ex_iterable", None)):
+        fn, kwargs = getattr(node, "mask_function", None) or getattr(node, "function", None), \
+            getattr(node, "fn_kwargs", None)
+        if fn is None:  # (a generator's: the builder's method, its config the function)
+            owner = getattr(getattr(node, "generate_examples_fn", None), "__self__", None)
+            fn = getattr(getattr(owner, "config", None), "generator", None)
+            kwargs = getattr(node, "kwargs", None)
+        own = getattr(fn, "func", fn)  # (a partial's function: whose module?)
+        if callable(fn) and not str(getattr(own, "__module__", "")).startswith("datasets"):
+            found.append(code_digest(functools.partial(fn, **kwargs) if isinstance(
+                kwargs, dict) and kwargs else fn))
+    return hashlib.blake2b("|".join(found).encode(), digest_size=8).hexdigest() \
+        if found else None
 
 
 def _walked(value: Any) -> Iterator[tuple[bool, Any]]:

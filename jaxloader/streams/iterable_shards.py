@@ -92,14 +92,21 @@ class _OlderCodes:
 
 
 def older_codes_of(shards: Sequence[Any]) -> list[list[str]]:
-    """``codes_of(shards)`` as older versions took them: what their states hold."""
-    return [codes_of(shards, before) for before in (1, 2, 3)]
+    """``codes_of(shards)`` as older versions took them: what their states hold (and as this
+    version's until 2026-12-07's eleventh session: a Hugging Face dataset's functions, whose
+    shards' ``code_before`` is ``("",)``, not digested)."""
+    now = codes_of(shards)
+    plain = [code if getattr(innermost(shard), "code_before", None) != ("",) else ""
+             for shard, code in zip(shards, now)]
+    return [*(codes_of(shards, before) for before in (1, 2, 3)),
+            *([plain if any(plain) else []] if plain != now else [])]
 
 
 def codes_of(shards: Sequence[Any], before: int = 0) -> list[str]:
     """Each ``Stream.from_generator`` shard's function's digest (under any ``Stream.map``s),
-    ``""`` for another shard; ``[]`` where none has one: what a stream loader's state holds,
-    so that a restore over a generator of other files is said (``loaders.transform_names``).
+    and a Hugging Face dataset's shard's functions', ``""`` for another shard; ``[]`` where
+    none has one: what a stream loader's state holds, so that a restore over a generator of
+    other files is said (``loaders.transform_names``).
     ``before``: as versions until 2026-12-02's forty-fifth session took them (1: a notebook's
     class by its ``__call__``'s names alone), until 2026-12-01's fortieth (2: also the code's
     names and constants in each Python's order), until 2026-11-30's thirty-fifth (3)."""

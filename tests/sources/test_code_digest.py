@@ -381,7 +381,7 @@ def test_a_value_changed_past_its_first_200_characters_is_another_function():
         state = loader.state_dict()
     with jl.StreamLoader(jl.Stream.from_generator(reader(grown), shards=2), batch_size=2,
                          process_index=0, process_count=1) as loader:
-        with pytest.warns(UserWarning, match=r"Stream.from_generator functions differ"):
+        with pytest.warns(UserWarning, match=r"functions that make the stream's records"):
             loader.load_state_dict(state)
     source = lambda files: jl.MapSource(  # noqa: E731
         jl.ArraySource({"x": np.arange(8)}), lambda r, files=files: {"x": r["x"] + len(files)})
