@@ -141,7 +141,7 @@ class RayEngine:
         # its tasks (not its time in use: an actor lost, or not placed yet, is out of use)
         # The maker once in the object store, its arrays as out-of-band buffers: every actor
         # on a node reads the same memory; the arrays it copies looked at as each run begins
-        self.copies = Copies()
+        self.copies = Copies(maker)
         try:
             blob, arrays = payload(maker, self.copies.note)
         except Exception as e:

@@ -620,7 +620,7 @@ def check_an_array_changed_after_the_actors_copied_it_is_warned_of(cluster):
                            workers=RayWorkers(1)) as on_ray:
             next(iter(on_ray))
             labels[:] = -1
-            with pytest.warns(jl.JaxloaderWarning, match="arrays the workers copied as the "
+            with pytest.warns(jl.JaxloaderWarning, match="the source the workers copied as the "
                                                          "loader started"):
                 assert next(iter(on_ray))["y"][:3].tolist() == [8, 9, 10]
 

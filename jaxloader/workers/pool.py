@@ -83,7 +83,7 @@ class WorkerPool:
         self._start_method, self._initial = start_method, num_workers
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
         self._shared: list[Segment] = []  # source arrays shared with the workers, and
-        self.copies = Copies()  # their samples, looked at as each run begins and a peek
+        self.copies = Copies(maker)  # their samples, looked at as each run begins and a peek
         self._broken: WorkerError | None = None
         self._closing = [False]  # close() began: a worker gone was killed by it, not dead
         self._mixed_up, self.restarts = False, 0  # a message an interrupt cut: restart them

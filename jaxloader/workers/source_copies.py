@@ -9,7 +9,9 @@ training process) differs from the ``next()`` after it, without a word. Each cop
 ``NOTED_MIN_BYTES`` or more, the first ``MAX_NOTED``) is sampled as it is copied (``SAMPLES``
 elements, evenly spaced, its last too), and the samples are compared as each run begins (an
 ``iter()``) and at a ``peek()``: a change is warned of, once a pool. A change to fewer
-elements than the gap between samples may pass unseen.
+elements than the gap between samples may pass unseen. So is an attribute of the user's source
+bound anew (``self.labels = new``, a ``set_epoch()``, PyTorch's idioms between epochs), each
+compared with what it held as the workers took it (``note_object``).
 
 Example:
     >>> import numpy as np, warnings
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +44,30 @@ class Copies:
     """The arrays copied for the workers (weakly: one made only to be pickled goes as it
     did), each with its samples as copied."""
 
-    def __init__(self) -> None:
+    def __init__(self, maker: Any = None) -> None:
         self._held: dict[int, tuple[weakref.ref, np.ndarray, bytes]] = {}
         self._said = False
+        self._objects: list[tuple[weakref.ref, dict[str, Any]]] = []
+        self.note_object(getattr(maker, "source", None))  # (as the workers are sent it)
+
+    def note_object(self, source: Any) -> None:
+        """The attributes of ``source`` (under jaxloader's wrappers: the user's object) as the
+        workers took them: each compared at ``changed()`` with what it holds then (a value
+        equal, or the same object: an array by a weak reference, the rest held). Not those
+        set later, nor those that were ``None``: a file handle or a cache opened at the first
+        read (here too: ``peek()``, ``state_dict()``'s hashes) is no change of the records."""
+        for _ in range(8):  # (a FilteredSource over a ConcatSource over the user's)
+            if not type(source).__module__.startswith("jaxloader"):
+                break
+            source = getattr(source, "source", None)
+        attributes = getattr(source, "__dict__", None)
+        if source is None or not isinstance(attributes, dict):
+            return
+        try:
+            self._objects.append((weakref.ref(source), {
+                name: _kept(value) for name, value in attributes.items()}))
+        except TypeError:  # (an object of no weak reference: not looked at)
+            return
 
     def note(self, array: np.ndarray) -> None:
         """``array`` was copied for the workers as it is now (once: pickled again, by value)."""
@@ -57,21 +81,29 @@ class Copies:
     def changed(self) -> list[str]:
         """The arrays alive whose samples differ from their copies', each described."""
         found = ((ref(), where, then) for ref, where, then in self._held.values())
-        return [f"an array of shape {a.shape}, {a.dtype}" for a, where, then in found
+        said = [f"an array of shape {a.shape}, {a.dtype}" for a, where, then in found
                 if a is not None and _at(a, where) != then]
+        for ref, then in self._objects:
+            source = ref()
+            now = getattr(source, "__dict__", None)
+            if isinstance(now, dict):
+                said += [f"its attribute {name!r}, set anew" for name, was in then.items()
+                         if (was[0] or was[1] is not None) and (
+                             name not in now or not _same(was, now[name]))]
+        return said
 
     def check(self) -> None:
         """Warns, once, where an array the workers read a copy of has changed since."""
-        changed = [] if self._said or not self._held else self.changed()
+        changed = [] if self._said or not (self._held or self._objects) else self.changed()
         if changed:
             self._said = True
             warnings.warn(
-                f"arrays the workers copied as the loader started (the source's, or a "
-                f"transform's) changed since ({', '.join(changed[:3])}"
+                f"the source the workers copied as the loader started (its arrays and "
+                f"attributes, or a transform's arrays) changed since ({', '.join(changed[:3])}"
                 f"{', ...' if len(changed) > 3 else ''}): the workers read the copy they took, "
-                "and num_workers=0 (and peek()) the arrays as they are now, so the batches "
-                "differ by the worker count; make a new loader after changing the arrays (its "
-                "workers copy them anew; load this one's state_dict() into it to keep the "
+                "and num_workers=0 (and peek()) the source as it is now, so the batches "
+                "differ by the worker count; make a new loader after changing the source (its "
+                "workers copy it anew; load this one's state_dict() into it to keep the "
                 "position), or change the records in a Map", JaxloaderWarning,
                 stacklevel=user_stacklevel())
 
@@ -81,3 +113,21 @@ def _at(array: np.ndarray, where: np.ndarray) -> bytes:
     NaT are alike); a contiguous array's by one take (``flat`` costs ~100 us an array)."""
     flat = array.reshape(-1) if array.flags.c_contiguous else array.flat
     return np.asarray(flat[where]).tobytes()
+
+
+def _kept(value: Any) -> tuple[bool, Any]:
+    """What an attribute is compared by: an array (and another object of weak references)
+    by a weak reference, so that a copy taken is not kept alive; the rest held."""
+    try:
+        return True, weakref.ref(value)
+    except TypeError:
+        return False, value
+
+
+def _same(then: tuple[bool, Any], now: Any) -> bool:
+    """Whether an attribute holds what it held (``_kept``): the same object, or an equal value
+    of a type whose values compare simply (an ``int`` epoch set to the same number)."""
+    weak, value = then
+    value = value() if weak else value
+    return value is now or (type(value) is type(now) and isinstance(
+        now, (int, float, str, bytes, bool)) and value == now)

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
 
+import jaxloader as jl
 from jaxloader.workers.payload import SHARE_MIN_BYTES, dumps, loads
 
 
@@ -509,13 +511,55 @@ def test_a_source_array_changed_in_place_after_the_workers_copied_it_is_warned_o
                 assert len(list(loader)) == 40  # (nothing changed: nothing said)
             loader.peek()
         labels[:] = 7
-        with pytest.warns(jl.JaxloaderWarning, match=r"arrays the workers copied as the "
-                          r"loader started \(the source's, or a transform's\) changed since "
+        with pytest.warns(jl.JaxloaderWarning, match=r"the source the workers copied as the "
+                          r"loader started \(its arrays and attributes, or a transform's "
+                          r"arrays\) changed since "
                           r"\(an array of shape \(4000,\), int64\)"):
             loader.peek()
         images[5, 3] = 1.0  # (once a pool)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            assert int(next(iter(loader))["y"][0]) == 0  # (the copy, as said)
+
+
+class _Relabelled:  # a PyTorch-style dataset, changed between epochs as PyTorch users do
+    def __init__(self):
+        self.labels, self.epoch, self.handle = np.zeros(64, np.int64), 0, None
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if self.handle is None:  # (opened at the first read, as the guide advises)
+            self.handle = {"opened": os.getpid()}
+        self.cache = {}  # (set later: not looked at)
+        return {"y": self.labels[i] + 1000 * self.epoch}
+
+
+@pytest.mark.parametrize("change", ["rebind", "set_epoch"])
+def test_a_source_attribute_set_anew_after_the_workers_copied_it_is_warned_of(change):
+    # self.labels = new, or a set_epoch(): the workers read the old ones, num_workers=0 and
+    # peek() the new, so the batches differed by the worker count, without a word (only an
+    # array changed in place was said; the migration audit)
+    source = _Relabelled()
+    with jl.DataLoader(source, batch_size=16, num_workers=1, process_index=0,
+                       process_count=1) as loader:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(list(loader)) == 4  # (the handle and the cache opened: nothing said)
+            source.epoch = 0  # (set to what it held: no change)
+            loader.peek()
+        if change == "rebind":
+            source.labels = np.ones(64, np.int64)
+        else:
+            source.set_epoch(1)
+        name = "labels" if change == "rebind" else "epoch"
+        with pytest.warns(jl.JaxloaderWarning, match=rf"the source the workers copied .* "
+                                                     rf"changed since \(its attribute '{name}', "
+                                                     rf"set anew\)"):
             assert int(next(iter(loader))["y"][0]) == 0  # (the copy, as said)
 
 
