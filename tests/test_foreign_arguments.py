@@ -120,6 +120,44 @@ def test_a_source_by_a_peers_name_or_a_peers_positions_says_how_to_pass_it(owner
         owner(source, 32)
 
 
+def test_a_pytorch_call_by_position_names_every_argument_it_cannot_take_and_none_it_can():
+    # DataLoader(ds, 32, True, None, None, 4, my_collate) was answered with the call less the
+    # collate_fn and a word on the sampler=None placeholder: the collate_fn dropped, unsaid;
+    # drop_last, timeout and worker_init_fn by position were not read at all (the migration
+    # audit)
+    source = jl.ArraySource({"x": np.arange(8)})
+
+    def my_collate(records):
+        return records
+
+    def init(worker_id):
+        pass
+
+    with pytest.raises(jl.ArgumentError) as caught:
+        jl.DataLoader(source, 32, True, None, None, 4, my_collate)
+    said = str(caught.value)
+    assert "collate_fn=" in said and "my_collate" in said and "sampler" not in said, said
+    with pytest.raises(jl.ArgumentError) as caught:
+        jl.DataLoader(source, 32, False, None, None, 2, None, False, False, 0, init)
+    said = str(caught.value)
+    assert re.search(r"DataLoader\(source, batch_size=32, shuffle=False, num_workers=2, "
+                     r"worker_init_fn=.*init.*\); and DataLoader\(\.\.\., drop_last=False\): "
+                     r".*last_batch='partial'", said), said  # (not PyTorch's default here)
+    assert "pin_memory" not in said and "timeout" not in said, said
+
+
+def test_a_dataset_without_len_or_batch_size_none_gets_the_pytorch_remedy():
+    class NoLen:  # (torch.utils.data.Dataset defines __getitem__ alone)
+        def __getitem__(self, i):
+            return {"x": np.int64(i)}
+
+    with pytest.raises(jl.ConfigError, match=r"got NoLen; add __len__ to the class"):
+        jl.DataLoader(NoLen(), batch_size=2)
+    with pytest.raises(jl.ConfigError, match=r"batch_size=None \(records one at a time, not "
+                                             r"batched\) has none here"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=None)
+
+
 def test_grains_per_worker_buffer_size_says_what_to_pass():
     # docs/migrating/grain.md lists it beside worker_buffer_size; it got Python's plain error
     with pytest.raises(jl.ArgumentError, match=r"has no per_worker_buffer_size: use prefetch="):
@@ -385,3 +423,30 @@ def test_a_peer_names_value_is_shown_cut_short():
     assert str(info.value).startswith("DataLoader(dataset=[{'x': 0}, {'x': 1}, {'x': 2}, "
                                       "{'x': 3}, ...]): DataLoader has no dataset: ")
     assert len(str(info.value)) < 1000
+
+
+HANDLE: dict = {}
+
+
+def _open_handle(worker_id):
+    HANDLE.update({i: i * 10 for i in range(16)})
+
+
+class _HandleSource:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"x": np.int64(HANDLE[i])}
+
+
+def test_a_peek_over_a_source_set_up_by_worker_init_fn_says_where_it_was_made():
+    # state_dict() said the training process reads records, and where to open a handle;
+    # peek() said only "KeyError: 0" (the migration audit)
+    with jl.DataLoader(_HandleSource(), batch_size=4, num_workers=1, worker_init_fn=_open_handle,
+                       process_index=0, process_count=1) as loader:
+        assert next(iter(loader))["x"].tolist() == [0, 10, 20, 30]
+        with pytest.raises(jl.RecordError) as caught:
+            loader.peek()
+    assert any("worker_init_fn never ran: open what the source reads lazily" in note
+               for note in caught.value.__notes__), caught.value

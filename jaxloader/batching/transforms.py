@@ -141,7 +141,9 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
                 grain = _grain_name(t)
                 remedy = ("wrap functions as Map(fn)" if not grain else
                           "the batch is batch_size= and last_batch=; a batch_fn is a "
-                          "BatchMap(fn) after the record transforms" if grain == "Batch" else
+                          "BatchMap(fn) after the record transforms, fn rewritten for the "
+                          "batch collated (a pytree of stacked arrays, not a list of "
+                          "records)" if grain == "Batch" else
                           f"Grain's {grain} has no counterpart in transforms= (Map, RandomMap "
                           "and Filter objects are taken; docs/migrating/grain.md)" + (
                               "; several examples from one record: stack them from a Map, or "

@@ -32,7 +32,7 @@ from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
 from jaxloader.base.checks import Int, check_int, source_said
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.mixture import Mixture
@@ -232,6 +232,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         # the engine's start, so a warning made an error (-W error) leaves no process started)
         unread_records(self._sampler, source, last_batch, shuffle, num_epochs)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
+        self._set_up_in_workers = worker_init_fn is not None and hasattr(self._engine, "copies")
 
     # -- sizes, placement and position ------------------------------------------------------
     def __len__(self) -> int:
@@ -267,7 +268,14 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             self._engine.copies.check()
         peeker = copy.copy(self._maker)  # (a clock of its own: a peek is no batch of the
         peeker.clock = StageClock()  # stats; the maker's may be a device thread's meanwhile)
-        batch, _ = made_here(peeker, self._progress.step)
+        try:
+            batch, _ = made_here(peeker, self._progress.step)
+        except RecordError as e:
+            if self._set_up_in_workers:
+                e.add_note("peek() makes the batch in this process (the training process), "
+                           "where worker_init_fn never ran: open what the source reads lazily "
+                           "in its __getitem__ (keyed by os.getpid()), not in worker_init_fn")
+            raise
         return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------

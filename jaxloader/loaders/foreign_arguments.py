@@ -26,7 +26,9 @@ _REMEDIES = {
                   "shape each: pad ragged ones to the batch's longest with "
                   "transforms=[..., jaxloader.Pad(keys)] (what a padding collate_fn did), or "
                   "pad or crop them in a Map (token sequences: jaxloader.PackedSource); to "
-                  "change a whole batch, pass transforms=[..., jaxloader.BatchMap(fn)]",
+                  "change a whole batch, pass transforms=[..., jaxloader.BatchMap(fn)], whose "
+                  "fn gets the batch collated (a pytree of stacked arrays), not a list of "
+                  "records: a collate_fn rewritten for it",
     "pin_memory": "pass sharding= (and device_prefetch=) to have batches placed on the "
                   "devices ahead of the step (one device's copies by a background thread, "
                   "several devices' dispatched asynchronously from next()); on a GPU the "
@@ -138,9 +140,15 @@ class _Required:
 
 
 REQUIRED: Any = _Required()
-# PyTorch's DataLoader arguments by position, after the dataset
+# PyTorch's DataLoader arguments by position, after the dataset (the rest are keywords)
 _TORCH_ORDER = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers",
-                "collate_fn", "pin_memory", "drop_last")
+                "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
+                "multiprocessing_context", "generator")
+# their defaults in PyTorch: given by position as placeholders, they ask for nothing here
+# (drop_last=False is not one: it keeps the last partial batch, which the default here drops)
+_TORCH_DEFAULTS = {"sampler": None, "batch_sampler": None, "collate_fn": None,
+                   "pin_memory": False, "timeout": 0, "multiprocessing_context": None,
+                   "generator": None}
 
 
 def _shown(value: Any) -> str:
@@ -181,8 +189,11 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
         pairs = list(zip(_TORCH_ORDER, extra))
         named = ", ".join(f"{name}={_shown(value)}" for name, value in pairs
                           if name not in foreign)
-        other = next((f"; and {owner}(..., {name}={_shown(value)}): {owner} has no {name}: "
-                      f"{foreign[name]}" for name, value in pairs if name in foreign), "")
+        other = "".join(  # (each foreign one that asks for something: a collate_fn dropped
+            f"; and {owner}(..., {name}={_shown(value)}): {owner} has no {name}: "  # unsaid)
+            f"{foreign[name]}" for name, value in pairs if name in foreign and not (
+                name in _TORCH_DEFAULTS and value is _TORCH_DEFAULTS[name] or (
+                    type(value) is int and value == _TORCH_DEFAULTS.get(name))))
         raise ArgumentError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
                         f"position, every other argument by name: {owner}({first}, {named})"
                         + other)

@@ -147,7 +147,10 @@ def placement(batch_size: Int, process_index: Int | None,
         Placement(batch_size=32, process_index=1, process_count=4)
     """
     batch_size = check_int("batch_size", batch_size, low=1, high=BATCH_LIMIT,
-                           remedy="pass a positive batch size per process")
+                           remedy="pass a positive batch size per process" + (
+                               "; PyTorch's batch_size=None (records one at a time, not "
+                               "batched) has none here: index the source, or batch_size=1 "
+                               "and take [0]" if batch_size is None else ""))
     counted = process_count is None  # (JAX's, where an index was given alone)
     if process_count is not None:  # (an int first: a JAX scalar's checked as one below)
         process_count = check_int("process_count", process_count, low=1,
