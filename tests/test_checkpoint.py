@@ -239,6 +239,14 @@ def test_a_truncated_state_file_is_an_error_naming_the_file_and_the_step(tmp_pat
                                                                       r"loader's state is not "
                                                                       r"whole JSON"):
             manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
+    for damaged in ("null", "[1, 2]"):  # whole JSON, not a state's: "state: expected a dict
+        saved.write_text(damaged)  # ..., got NoneType", no file named (the Orbax audit)
+        with make() as fresh, pytest.raises(jl.StateDictError, match=r"process_0-of-1.json "
+                                                                      r"\(step 3\): the "
+                                                                      r"loader's state is JSON "
+                                                                      r"of a (NoneType|list).*"
+                                                                      r"restore an earlier"):
+            manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
 
 
 def test_a_save_to_a_full_disk_names_the_path(tmp_path):

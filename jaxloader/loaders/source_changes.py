@@ -66,8 +66,10 @@ def source_differences(then: str, now: str, same_size: bool = True,
         return ["the source's own fingerprint differs (its `fingerprint` attribute; a Hugging "
                 "Face Dataset's, which map, filter, with_format, select, flatten_indices and "
                 "save_to_disk + load_from_disk change, and a map whose function datasets cannot "
-                "hash makes anew each run: pass it new_fingerprint=): make the source the same "
-                "way as the run that saved the state"]
+                "hash makes anew each run: pass it new_fingerprint=; a fingerprint of from_dict "
+                "or a map, which datasets takes from pickles, differs under another Python "
+                "version: restore under the one that saved the state): make the source the "
+                "same way as the run that saved the state"]
     return []
 
 

@@ -273,7 +273,10 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
                "of its mixture and packing (named above), and the same "
                "functions in it (a Stream.map's and a PackedStream's tokenize: named by a "
                "digest of their code: -O drops asserts from it, and a state saved before "
-               "2026-12-01 restores under the Python version that saved it); " if other else "")
+               "2026-12-01 restores under the Python version that saved it; a Hugging Face "
+               "dataset's shards by datasets' fingerprints of the Datasets it streams, which "
+               "for from_dict or a map differ under another Python version too); " if other
+               else "")
             + "a stream's order depends on the seed, the batch size, the process count and "
             "each process's readers (readers_per_process, which defaults to max(1, "
             "num_workers)): restore with the same ones, on as many processes (a stream state "

@@ -174,14 +174,17 @@ def read_state(directory: PathLike, loader: Any) -> dict:
         path = root / files[0]  # every process's file holds the same step: checked
         _one_step(root, [f for f in files if _layout(f) == _layout(files[0])], loader)
     try:
-        return json.loads(path.read_text())
+        state = json.loads(path.read_text())
+        if isinstance(state, dict):
+            return state
+        what = f"JSON of a {type(state).__name__} ({state!r:.60}), not of a state's dict"
     except (ValueError, RecursionError) as e:  # (a UnicodeDecodeError; JSON nested 100k deep)
-        step = _step_of(path)
-        raise StateDictError(
-            f"checkpoint {path}{f' (step {step})' if step is not None else ''}: the loader's "
-            f"state is not whole JSON ({e}): the file was cut short or damaged; restore an "
-            "earlier checkpoint step" + (f" than {step}" if step is not None else "")
-            + ", or start the run again") from None
+        what = f"not whole JSON ({e})"
+    step = _step_of(path)
+    raise StateDictError(
+        f"checkpoint {path}{f' (step {step})' if step is not None else ''}: the loader's "
+        f"state is {what}: the file was cut short or damaged; restore an earlier checkpoint "
+        "step" + (f" than {step}" if step is not None else "") + ", or start the run again")
 
 
 def _one_run(root: Any, files: list[str]) -> None:
