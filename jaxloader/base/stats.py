@@ -87,9 +87,11 @@ class LoaderStats(NamedTuple):
     #: from the first ``next()`` to the last batch handed out, less the time between runs
     #: (between passes, after a failed call): the loader's time in use
     wall_s: float = 0.0
-    #: records in the batches made (by workers or in process)
+    #: records in the batches made (by workers or in process): counted on the timed batches
+    #: (the first 16 a process, then one in 16) and the rest taken at their mean size, so a
+    #: short last batch not timed counts as a full one (1,008 records read for 1,000)
     records: int = 0
-    #: bytes of the batches made
+    #: bytes of the batches made (taken as ``records`` are)
     bytes: int = 0
     #: seconds by stage, every process added up (above)
     stages: Mapping[str, float] = _EMPTY
@@ -114,7 +116,9 @@ class LoaderStats(NamedTuple):
     #: the cores it used, which a step waiting for an accelerator does not (0: not measured)
     main_cpu_s: float = 0.0
     #: batches of a pass's first 32 steps, after its first, the loop waited for over twice the
-    #: step before (and 10 ms): stalls, as the workers made their first tasks
+    #: step before (and 10 ms): stalls, as the workers made their first tasks (or a task's
+    #: batches coming at once: ``diagnose()`` counts none where the workers were busy 60% of
+    #: the time or more)
     stalls: int = 0
     #: the seconds the loop waited for those batches
     stalled_s: float = 0.0
@@ -173,8 +177,12 @@ class LoaderStats(NamedTuple):
                               f"earlier from loader.stats, got {type(earlier).__name__} "
                               f"{earlier!r:.60}; read start = loader.stats, later "
                               "loader.stats.since(start) or loader.diagnose(since=start)")
-        if self.began != earlier.began or self.batches < earlier.batches:
-            return self  # (read across a reset_stats(): the counts since it)
+        if self.began == earlier.began and self.batches < earlier.batches:
+            raise ConfigError(f"LoaderStats.since(earlier): earlier holds {earlier.batches} "
+                              f"batches, these {self.batches}: it was read later; call "
+                              "later.since(earlier), or loader.diagnose(since=earlier)")
+        if self.began != earlier.began:
+            return self  # (read across a reset_stats(), or another loader's: the counts since)
         was = {(w.worker, w.pid): w for w in earlier.workers}
         workers = []
         for w in self.workers:

@@ -249,7 +249,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         total = self.stats
         before, self._summarised = self._summarised, total
         stats = total.since(before) if before is not None else total
-        line = (f"{stats.batches} batches in {stats.wall_s:.0f} s, {stats.batches_per_s:.1f} "
+        line = (f"{stats.batches} batches in {stats.wall_s:.{0 if stats.wall_s >= 10 else 1}f} s, "
+                f"{stats.batches_per_s:.1f} "
                 f"batches/s, the loop waited {stats.wait_fraction:.0%}, "
                 f"{self.num_workers} worker(s)")
         if stats.busy:
