@@ -969,9 +969,17 @@ def test_read_threads_are_advised_for_sources_read_record_by_record_and_counted_
                         workers=waiting, num_workers=2)
     d = diagnose(stats, num_workers=2, cores=2, read_threads=32)
     assert d.bottleneck == "source" and "reads wait" in d.advice[0], d
-    # each read waits as long as a batch's 16 records read on its threads at once, not 1/16
-    # of it (20 ms a read was said 1.3 ms; the diagnosis audit)
-    assert "reads wait ~37 ms a record" in d.advice[0], d.advice[0]  # (58 ms a batch, 63%)
+    # each read waits as long as a task's records read on its 32 threads at once (a task's
+    # batches are read together), not 1/16 of it (20 ms a read was said 1.3 ms; the
+    # diagnosis audit), nor 1/16 for batches of 16 (2 ms reads were said 0.41 ms for batches
+    # of 4 on 16 threads, 2 ms for batches of 32; the profiling audit)
+    assert "reads wait ~74 ms a record" in d.advice[0], d.advice[0]  # (58 ms a batch, 63%)
+    quarter = tuple(w._replace(busy_s=w.busy_s / 4, cpu_s=w.cpu_s / 4, queued_s=w.queued_s / 4,
+                               stages={k: v / 4 for k, v in w.stages.items()}) for w in waiting)
+    short = stats._replace(records=400, wait_s=2.5 / 4, run_s=0.5 / 4, wall_s=3.0 / 4,
+                           workers=quarter, stages={k: v / 4 for k, v in stats.stages.items()})
+    d = diagnose(short, num_workers=2, cores=2, read_threads=32)  # (batches of 4, each read
+    assert "reads wait ~74 ms a record" in d.advice[0], d  # waiting as long: ~9 ms was said)
     assert "read_threads=64" in d.advice[1], d
     assert "every core is in use" not in str(d), d
     assert not any("read_threads" in a for a in diagnose(stats, num_workers=2, cores=2,

@@ -34,6 +34,7 @@ from jaxloader.base.timings import COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, on
 from jaxloader.loaders.advice import mapped_functions, placement_advice
 from jaxloader.loaders.verdict import MAIN_STAGES, Bottleneck, Diagnosis
 from jaxloader.runtime import limits
+from jaxloader.workers.tasks import MAX_TASK_STEPS
 
 __all__ = ["Diagnosis", "cores_available", "diagnose", "mapped_functions"]
 
@@ -248,9 +249,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         more = fit(wanted)
         readers = counts is not None and not remote and more <= num_workers < wanted
         if off_cpu >= WAITS and stats.records and (more > num_workers or readers):
-            overlap = min(read_threads or 1, stats.records / max(1, stats.batches_made)) if \
-                bottleneck == "source" else 1  # (a batch's records read on its threads at
-            # once, each read waits that long: 1.3 ms was said of 20; the diagnosis audit)
+            overlap = min(read_threads or 1, MAX_TASK_STEPS * stats.records / max(
+                1, stats.batches_made)) if bottleneck == "source" else 1  # (a task's records,
+            # of up to 16 batches, read on the worker's threads at once, each read waiting
+            # that long: 1.3 ms was said of 20; 0.41 of 2 for batches of 4, 16 threads)
             waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) * overlap / stats.records
             what = "reads wait" if bottleneck == "source" else \
                 "the transforms wait (files, the network, sleeps, locks)"
