@@ -989,7 +989,9 @@ def test_read_threads_are_advised_for_sources_read_record_by_record_and_counted_
         for _, _batch in zip(range(12), loader):
             pass
         advice = loader.diagnose().advice
-    assert "read_threads=16" in advice[1], advice
+    # (its reads wait off the CPU: read_threads first, with its gain; the profiling audit
+    # measured 4.0x for it against 2.2x for the workers advised first)
+    assert "reads wait off the CPU: read_threads=16" in advice[0] and "expected ~" in advice[0]
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
     import tempfile
