@@ -223,11 +223,11 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                     each = read / per / min(16, max(1.0, stats.records / made_count))
                     sooner = now_s / max(step_s + work_s - read / per + each, 1e-12)  # (in
                     # the loop's time: the step and the batch one after the other)
-                    waits = stats.main_cpu_s < read / 2 and sooner > factor(workers)
-                    advice.insert(0 if waits else 1, (
+                    waiting = stats.main_cpu_s < read / 2 and sooner > factor(workers)
+                    advice.insert(0 if waiting else 1, (
                         f"the source's reads wait off the CPU: read_threads=16 reads a batch's "
                         f"records on 16 threads in this process, the waits overlapped, "
-                        f"expected ~{sooner:.1f}x" if waits else "or, where the source's reads "
+                        f"expected ~{sooner:.1f}x" if waiting else "or, where the source's reads "
                         "wait (files, the network), read_threads=16: this process reads a "
                         "batch's records on 16 threads, the waits overlapped"))
             elif work_s < 2 * HANDOVER_FLOOR_S or work_s <= now_s:  # (made in the loop's time)
