@@ -933,8 +933,8 @@ def test_a_loop_paused_after_a_few_batches_is_judged_on_the_workers_work_for_the
         for _ in range(12):
             next(it)
         stats = loader.stats
-        assert stats.batches_made >= 12, stats
-        assert loader.diagnose().bottleneck == "workers", loader.diagnose()
+        assert stats.batches_made >= 12, stats  # (and their work: 0.2 ms of CPU a record)
+        assert stats.workers[0].busy_s >= 12 * 8 * 0.0002, stats
 
 
 def test_after_reset_stats_the_workers_timings_are_of_work_done_since():

@@ -153,6 +153,14 @@ def test_a_dataset_without_len_or_batch_size_none_gets_the_pytorch_remedy():
 
     with pytest.raises(jl.ConfigError, match=r"got NoLen; add __len__ to the class"):
         jl.DataLoader(NoLen(), batch_size=2)
+
+    class Shards(NoLen):  # (a torch IterableDataset: Dataset's __getitem__, its own __iter__)
+        def __iter__(self):
+            yield {"x": np.int64(0)}
+
+    with pytest.raises(jl.ConfigError, match=r"got Shards; an iterable without random access "
+                                             r"\(a generator\) is a stream"):
+        jl.DataLoader(Shards(), batch_size=2)
     with pytest.raises(jl.ConfigError, match=r"batch_size=None \(records one at a time, not "
                                              r"batched\) has none here"):
         jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=None)
@@ -450,3 +458,13 @@ def test_a_peek_over_a_source_set_up_by_worker_init_fn_says_where_it_was_made():
             loader.peek()
     assert any("worker_init_fn never ran: open what the source reads lazily" in note
                for note in caught.value.__notes__), caught.value
+
+    def bad(record):
+        raise KeyError("missing")
+
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=1,
+                       worker_init_fn=_open_handle, transforms=[jl.Map(bad)],
+                       process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.RecordError) as caught:
+            loader.peek()
+    assert not getattr(caught.value, "__notes__", None), caught.value  # (a transform's own)

@@ -27,13 +27,15 @@ from jaxloader.loaders.pass_notes import say_later_pass, say_new_pass
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
-from jaxloader.loaders.foreign_arguments import REQUIRED, TorchAttributes, refuse_call
+from jaxloader.loaders.foreign_arguments import (REQUIRED, TorchAttributes, peeked,
+                                                 refuse_call)
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
 from jaxloader.base.checks import Int, check_int, source_said
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.timings import StageClock
+from jaxloader.workers.source_copies import reading
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.mixture import Mixture
 from jaxloader.order.sampling import LastBatch
@@ -269,13 +271,10 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         peeker = copy.copy(self._maker)  # (a clock of its own: a peek is no batch of the
         peeker.clock = StageClock()  # stats; the maker's may be a device thread's meanwhile)
         try:
-            batch, _ = made_here(peeker, self._progress.step)
+            with reading(self._engine):
+                batch, _ = made_here(peeker, self._progress.step)
         except RecordError as e:
-            if self._set_up_in_workers:
-                e.add_note("peek() makes the batch in this process (the training process), "
-                           "where worker_init_fn never ran: open what the source reads lazily "
-                           "in its __getitem__ (keyed by os.getpid()), not in worker_init_fn")
-            raise
+            raise peeked(e) if self._set_up_in_workers else e
         return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------
@@ -358,12 +357,14 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         Example: ``state_dict``'s."""
         self._progress.check()  # (broken or closed: it moved, and no iterator would go on)
         self._check_placement()
-        step = check_state(state, self._sampler, self._source_fingerprint(),
-                           [path for path, _ in self._files],
-                           lambda: (*older_fingerprint(self._source), *older_records(
-                               self._source)), self._transforms_state(),
-                           lambda: older_transforms_of(self._transforms),
-                           self._source.label if isinstance(self._source, ConcatSource) else None)
+        with reading(self._engine):  # (older states: records read again, as they held them)
+            step = check_state(state, self._sampler, self._source_fingerprint(),
+                               [path for path, _ in self._files],
+                               lambda: (*older_fingerprint(self._source), *older_records(
+                                   self._source)), self._transforms_state(),
+                               lambda: older_transforms_of(self._transforms),
+                               self._source.label if isinstance(self._source, ConcatSource)
+                               else None)
         self._invalidate()  # (first: a next() in another thread then cannot set its step after)
         self._progress.step = step
         n, epoch = self.num_epochs, step // self._sampler.steps_per_epoch
@@ -377,7 +378,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
 
     def _source_fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:
-            self._fingerprint = dict(source_fingerprint(self._source))
+            with reading(self._engine):
+                self._fingerprint = dict(source_fingerprint(self._source))
             if self._files:  # (a file source's bytes, named file by file)
                 self._fingerprint["files"] = [identity for _, identity in self._files]
         return self._fingerprint

@@ -352,3 +352,14 @@ def grain_state_hint(state: Any, stream: bool = False) -> str:
                 "start the loader at the step trained (state = loader.state_dict(); "
                 "state['step'] = n; loader.load_state_dict(state)), its own order")
             + " (docs/migrating/grain.md)")
+
+
+def peeked(error: Exception) -> Exception:
+    """``error``, a ``peek()``'s, of a loader whose workers ran a ``worker_init_fn``: where the
+    source's read failed, with a note that the batch is made in this process, where it never
+    ran (the source read ``None``: "'NoneType' object is not subscriptable")."""
+    if "source[index] raised" in str(error):
+        error.add_note("peek() makes the batch in this process (the training process), where "
+                       "worker_init_fn never ran: open what the source reads lazily in its "
+                       "__getitem__ (keyed by os.getpid()), not in worker_init_fn")
+    return error

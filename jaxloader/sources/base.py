@@ -137,7 +137,8 @@ def check_source(source: Any) -> int:
                       "pass the MapDataset before .to_iter_dataset() (random access: a new "
                       "shuffle each epoch, a restore in O(1)), with num_workers= and prefetch= "
                       "for mp_prefetch's (docs/migrating/grain.md)")
-        elif hasattr(source, "__getitem__") and not hasattr(source, "__len__"):
+        elif hasattr(source, "__getitem__") and not hasattr(source, "__len__") and not \
+                hasattr(source, "__iter__"):  # (a torch IterableDataset: a stream, below)
             remedy = ("add __len__ to the class, the number of records (a PyTorch "
                       "torch.utils.data.Dataset does not define one: its subclasses do)")
         elif hasattr(source, "__iter__"):

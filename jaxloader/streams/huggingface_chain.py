@@ -41,9 +41,9 @@ def functions_digest(dataset: Any) -> str | None:
     ``filter``'s, with its ``fn_kwargs``, and an ``IterableDataset.from_generator``'s, with its
     ``gen_kwargs`` (``code_digest``: their code and what they hold), which a stream state holds
     as a ``Stream.from_generator``'s: a restore over other functions, which would read other
-    records from the saved position, is warned of. ``datasets``' own functions (a
-    ``rename_column``'s) are left out: they change with its version, not the records. ``None``
-    where it runs none of the user's."""
+    records from the saved position, is warned of. Of ``datasets``' own functions (a
+    ``rename_column``'s, an ``add_column``'s), their arguments alone: their code changes with
+    its version, not the records. ``None`` where the chain runs none."""
     found = []
     for node in _nodes(getattr(dataset, "_ex_iterable", None)):
         fn, kwargs = getattr(node, "mask_function", None) or getattr(node, "function", None), \
@@ -53,9 +53,13 @@ def functions_digest(dataset: Any) -> str | None:
             fn = getattr(getattr(owner, "config", None), "generator", None)
             kwargs = getattr(node, "kwargs", None)
         own = getattr(fn, "func", fn)  # (a partial's function: whose module?)
-        if callable(fn) and not str(getattr(own, "__module__", "")).startswith("datasets"):
+        module = str(getattr(own, "__module__", ""))
+        if module == "datasets" or module.startswith("datasets."):  # (its arguments: the
+            fn = functools.partial(tuple, (getattr(fn, "args", ()),  # user's, an add_column's
+                                           getattr(fn, "keywords", {})))  # values)
+        if callable(fn):
             found.append(code_digest(functools.partial(fn, **kwargs) if isinstance(
-                kwargs, dict) and kwargs else fn))
+                kwargs, dict) and kwargs else fn, bound=True))
     return hashlib.blake2b("|".join(found).encode(), digest_size=8).hexdigest() \
         if found else None
 

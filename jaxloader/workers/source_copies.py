@@ -27,9 +27,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
-from typing import Any
+from typing import Any, ContextManager, Iterator
 
 import numpy as np
 
@@ -51,23 +52,39 @@ class Copies:
         self.note_object(getattr(maker, "source", None))  # (as the workers are sent it)
 
     def note_object(self, source: Any) -> None:
-        """The attributes of ``source`` (under jaxloader's wrappers: the user's object) as the
-        workers took them: each compared at ``changed()`` with what it holds then (a value
-        equal, or the same object: an array by a weak reference, the rest held). Not those
-        set later, nor those that were ``None``: a file handle or a cache opened at the first
-        read (here too: ``peek()``, ``state_dict()``'s hashes) is no change of the records."""
-        for _ in range(8):  # (a FilteredSource over a ConcatSource over the user's)
-            if not type(source).__module__.startswith("jaxloader"):
-                break
-            source = getattr(source, "source", None)
-        attributes = getattr(source, "__dict__", None)
-        if source is None or not isinstance(attributes, dict):
-            return
+        """The attributes of the user's objects in ``source`` (under jaxloader's wrappers:
+        through ``source`` and ``sources``) as the workers took them: each compared at
+        ``changed()`` with what it holds then (``_kept``). Not those set later, nor those that
+        were ``None``: a file handle or a cache opened at the first read is no change of the
+        records; nor what jaxloader's own reads here change (``reading``)."""
+        stack, seen = [source], 0
+        while stack and seen < 64:
+            source, seen = stack.pop(), seen + 1
+            if type(source).__module__.startswith("jaxloader"):
+                inner = getattr(source, "sources", None)
+                stack += [getattr(source, "source", None),
+                          *(inner if isinstance(inner, (list, tuple)) else ())]
+            elif isinstance(getattr(source, "__dict__", None), dict):
+                try:
+                    self._objects.append((weakref.ref(source), _attributes(source)))
+                except TypeError:  # (an object of no weak reference: not looked at)
+                    pass
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around a read jaxloader makes of the source in this process (``peek()``, a state's
+        hashes): what the source sets as it reads (a shard cache's index, a memo, a count)
+        is taken as it is after, as a worker's copy holds its own; a change made before
+        the read is still said."""
+        before = [_attributes(ref()) for ref, _ in self._objects]
         try:
-            self._objects.append((weakref.ref(source), {
-                name: _kept(value) for name, value in attributes.items()}))
-        except TypeError:  # (an object of no weak reference: not looked at)
-            return
+            yield
+        finally:
+            for (ref, then), was in zip(self._objects, before):
+                now = getattr(ref(), "__dict__", None)
+                for name, value in (now.items() if isinstance(now, dict) else ()):
+                    if name in then and name in was and not _same(was[name], value):
+                        then[name] = _kept(value)
 
     def note(self, array: np.ndarray) -> None:
         """``array`` was copied for the workers as it is now (once: pickled again, by value)."""
@@ -88,7 +105,7 @@ class Copies:
             now = getattr(source, "__dict__", None)
             if isinstance(now, dict):
                 said += [f"its attribute {name!r}, set anew" for name, was in then.items()
-                         if (was[0] or was[1] is not None) and (
+                         if was != ("value", None) and (
                              name not in now or not _same(was, now[name]))]
         return said
 
@@ -108,6 +125,12 @@ class Copies:
                 stacklevel=user_stacklevel())
 
 
+def reading(engine: Any) -> ContextManager[None]:
+    """``engine``'s ``Copies.reading()`` (a worker pool's, Ray's), else nothing to do."""
+    copies = getattr(engine, "copies", None)
+    return copies.reading() if copies is not None else contextlib.nullcontext()
+
+
 def _at(array: np.ndarray, where: np.ndarray) -> bytes:
     """The bytes of ``array``'s elements at flat positions ``where`` (compared as bits: NaN and
     NaT are alike); a contiguous array's by one take (``flat`` costs ~100 us an array)."""
@@ -115,19 +138,44 @@ def _at(array: np.ndarray, where: np.ndarray) -> bytes:
     return np.asarray(flat[where]).tobytes()
 
 
-def _kept(value: Any) -> tuple[bool, Any]:
-    """What an attribute is compared by: an array (and another object of weak references)
-    by a weak reference, so that a copy taken is not kept alive; the rest held."""
+def _attributes(source: Any) -> dict[str, tuple[str, Any]]:
+    """``source``'s attributes, each as ``_kept`` holds it (none for an object gone)."""
+    attributes = getattr(source, "__dict__", None)
+    return {name: _kept(value) for name, value in attributes.items()} if isinstance(
+        attributes, dict) else {}
+
+
+_PLAIN = (int, float, complex, str, bytes, bool, type(None), np.generic)
+
+
+def _kept(value: Any) -> tuple[str, Any]:
+    """What an attribute is compared by, holding nothing it would keep alive: a plain value
+    (a number, a str, a tuple of a few) itself; an object of weak references (an array) by
+    one; another (a dict, a list) by its ``id`` (one made anew at a freed one's address
+    passes unseen)."""
+    if isinstance(value, _PLAIN) or type(value) is tuple and len(value) <= 16 and all(
+            isinstance(v, _PLAIN) for v in value):
+        return "value", value
     try:
-        return True, weakref.ref(value)
+        return "ref", weakref.ref(value)
     except TypeError:
-        return False, value
+        return "id", id(value)
 
 
-def _same(then: tuple[bool, Any], now: Any) -> bool:
-    """Whether an attribute holds what it held (``_kept``): the same object, or an equal value
-    of a type whose values compare simply (an ``int`` epoch set to the same number)."""
-    weak, value = then
-    value = value() if weak else value
-    return value is now or (type(value) is type(now) and isinstance(
-        now, (int, float, str, bytes, bool)) and value == now)
+def _same(then: tuple[str, Any], now: Any) -> bool:
+    """Whether an attribute holds what it held (``_kept``): the same object, or an equal
+    plain value (NaN as NaN: an epoch set to what it was)."""
+    how, value = then
+    if how == "ref":
+        return value() is now
+    if how == "id":
+        return id(now) == value
+    return type(value) is type(now) and (value is now or bool(value == now) or (
+        _nan(value) and _nan(now)))
+
+
+def _nan(value: Any) -> bool:
+    try:
+        return bool(value != value)
+    except (TypeError, ValueError):
+        return False

@@ -525,6 +525,7 @@ def test_a_source_array_changed_in_place_after_the_workers_copied_it_is_warned_o
 class _Relabelled:  # a PyTorch-style dataset, changed between epochs as PyTorch users do
     def __init__(self):
         self.labels, self.epoch, self.handle = np.zeros(64, np.int64), 0, None
+        self.shard, self.reads, self.scale = -1, 0, float("nan")  # (set as it reads)
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -536,31 +537,57 @@ class _Relabelled:  # a PyTorch-style dataset, changed between epochs as PyTorch
         if self.handle is None:  # (opened at the first read, as the guide advises)
             self.handle = {"opened": os.getpid()}
         self.cache = {}  # (set later: not looked at)
+        self.shard, self.reads = i // 16, self.reads + 1  # (a shard cache's index, a count)
         return {"y": self.labels[i] + 1000 * self.epoch}
 
 
-@pytest.mark.parametrize("change", ["rebind", "set_epoch"])
+@pytest.mark.parametrize("change", ["rebind", "set_epoch", "concat"])
 def test_a_source_attribute_set_anew_after_the_workers_copied_it_is_warned_of(change):
     # self.labels = new, or a set_epoch(): the workers read the old ones, num_workers=0 and
     # peek() the new, so the batches differed by the worker count, without a word (only an
     # array changed in place was said; the migration audit)
     source = _Relabelled()
-    with jl.DataLoader(source, batch_size=16, num_workers=1, process_index=0,
-                       process_count=1) as loader:
+    batches = 5 if change == "concat" else 4
+    with jl.DataLoader(jl.ConcatSource([jl.ArraySource({"y": np.zeros(16, np.int64)}), source])
+                       if change == "concat" else source, batch_size=16, num_workers=1,
+                       process_index=0, process_count=1) as loader:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert len(list(loader)) == 4  # (the handle and the cache opened: nothing said)
-            source.epoch = 0  # (set to what it held: no change)
-            loader.peek()
+            assert len(list(loader)) == batches  # (the handle, the cache opened: nothing said)
+            source.epoch, source.scale = 0, float("nan")  # (set to what they held: no change)
+            loader.peek()  # (this process reads records: what the source sets as it reads
+            assert len(list(loader)) == batches  # is no change, the review: it warned)
         if change == "rebind":
             source.labels = np.ones(64, np.int64)
         else:
             source.set_epoch(1)
         name = "labels" if change == "rebind" else "epoch"
+        loader.state_dict()  # (its first: reads records here; the change before it still said)
         with pytest.warns(jl.JaxloaderWarning, match=rf"the source the workers copied .* "
                                                      rf"changed since \(its attribute '{name}', "
                                                      rf"set anew\)"):
             assert int(next(iter(loader))["y"][0]) == 0  # (the copy, as said)
+
+
+def test_a_state_dict_reading_the_source_here_is_no_change_and_a_replaced_dict_is_let_go():
+    # (the review) state_dict()'s reads moved a shard cache's index: warned at the next iter();
+    # a dict of arrays replaced was held by the check for the loader's life
+    import gc
+    import weakref
+
+    source = _Relabelled()
+    source.table = {"x": np.zeros(1 << 20)}
+    gone = weakref.ref(source.table["x"])
+    with jl.DataLoader(source, batch_size=16, num_workers=1, process_index=0,
+                       process_count=1) as loader, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.state_dict()
+        assert len(list(loader)) == 4
+        source.table = {}
+        gc.collect()
+        assert gone() is None
+        with pytest.warns(jl.JaxloaderWarning, match=r"its attribute 'table', set anew"):
+            next(iter(loader))
 
 
 def test_a_sources_array_the_memory_cannot_hold_a_copy_of_is_named_with_its_remedies(
