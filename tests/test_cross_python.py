@@ -105,17 +105,22 @@ def test_the_digests_are_those_python_3_11_took():
 @pytest.mark.parametrize("make", [_loader, _stream_loader], ids=["map source", "stream"])
 @pytest.mark.parametrize("when", ["under 3.11", "before"])
 def test_a_state_saved_under_python_3_11_or_by_an_older_version_restores_quietly(make, when):
+    from jaxloader.sources.fingerprint import older_fingerprint
+
     with make() as loader:
         batches = iter(loader)
         for _ in range(3):
             next(batches)
         state = loader.state_dict()
         want = next(batches)["sum"].tolist()
+        forms = older_fingerprint(loader._source) if make is _loader else ()
     older = sys.version_info[:2] if sys.version_info[:2] == (3, 11) else (3, 13)
     saved = _as_saved(state, SAVED[when if when != "before" else "by 3f18cdf, under %d.%d" %
                                    older])
-    if when == "under 3.11":
-        assert saved == state  # (this Python's digests are 3.11's)
+    if when == "under 3.11":  # (this Python's digests are 3.11's; a MapSource's fingerprint
+        # holds its mapped records' hash since 2026-12-07's eleventh session: as written before)
+        assert {**saved, "source": None} == {**state, "source": None}
+        assert saved.get("source") == state.get("source") or saved["source"] in forms
     with make() as again, warnings.catch_warnings():
         warnings.simplefilter("error")
         again.load_state_dict(saved)

@@ -187,10 +187,17 @@ OWNER_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("owner_lef
 method's fingerprint without its object as its code reads it, the rest as today's."""
 
 
+MAPPED_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("mapped_left_out",
+                                                                      default=False)
+"""Set to describe a source as versions until 2026-12-07's eleventh session wrote it: a
+``MapSource``'s fingerprint without its mapped records' hash, the rest as today's."""
+
+
 def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
     """``compute()`` as each older version wrote it: today's under each ``OLDER_DIGESTS`` level,
     the newest first, then each ``OLDER`` generation's, then (changes of their own, kept last so
-    that the others keep their places) with ``ARRAYS_LEFT_OUT``, and with ``OWNER_LEFT_OUT``."""
+    that the others keep their places) with ``ARRAYS_LEFT_OUT``, with ``OWNER_LEFT_OUT``, and
+    with ``MAPPED_LEFT_OUT``."""
     found = []
     for level in range(1, DIGEST_LEVELS + 1):
         token = OLDER_DIGESTS.set(level)
@@ -206,9 +213,14 @@ def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
         ARRAYS_LEFT_OUT.reset(left_out)
     owner_out = OWNER_LEFT_OUT.set(True)
     try:
-        return found + [compute()]
+        found.append(compute())
     finally:
         OWNER_LEFT_OUT.reset(owner_out)
+    mapped_out = MAPPED_LEFT_OUT.set(True)
+    try:
+        return found + [compute()]
+    finally:
+        MAPPED_LEFT_OUT.reset(mapped_out)
 
 
 def fingerprint_of(source: object) -> str | None:

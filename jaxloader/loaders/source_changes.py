@@ -58,7 +58,10 @@ def source_differences(then: str, now: str, same_size: bool = True,
             if changed else ""
         return [f"the source is of the same kind ({kind}) and size, so what differs is inside "
                 f"it{where}: {kept}a function it runs (MapSource, a filter's predicate: its code "
-                "as this Python compiles it: another Python or -O differs too), its options (a "
+                "as this Python compiles it: another Python or -O differs too; a MapSource's "
+                "records as mapped: what its function reads beyond its code, a module's "
+                "vocabulary built from a set, whose order differs in each process: build it "
+                "from sorted(set(...))), its options (a "
                 "ParquetSource's columns=, in their order), or its data; or the state is older "
                 "than a change of that source's fingerprint (the checkpointing guide lists "
                 "them): restore with the jaxloader that saved it"]

@@ -39,8 +39,9 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, OWNER_LEFT_OUT, block_starts_of,
-                                      digest_level, lengths_of, order_check_of, origin_of)
+from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, MAPPED_LEFT_OUT, OLDER, OWNER_LEFT_OUT,
+                                      block_starts_of, digest_level, lengths_of,
+                                      order_check_of, origin_of)
 from jaxloader.base.checks import (callable_name, check_bool, check_one_argument, record_index,
                                    source_said)
 from jaxloader.base.errors import ConfigError
@@ -50,7 +51,7 @@ from jaxloader.base.random_state import draws, global_examples, warn_at
 from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digest, code_digests, warn_hashing
-from jaxloader.sources.fingerprint import combined
+from jaxloader.sources.fingerprint import combined, mapped_records
 from jaxloader.sources.huggingface import adapt
 
 
@@ -128,6 +129,7 @@ class MapSource:
         # (a bound method's object as its code reads it, self.k: a MapSource(source, Scale(2)
         # .apply) restored over Scale(3)'s without a word; "" for any other function)
         self._owner = code_digest(fn, bound=True) if inspect.ismethod(fn) else ""
+        self._mapped: str | None = None  # (the mapped records' hash: made when first asked)
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
@@ -248,22 +250,28 @@ class MapSource:
 
     @property
     def fingerprint(self) -> str:
-        """The source's fingerprint, the function's code and the arrays it holds (left out
-        as older versions wrote it: at an older ``digest_level()``)."""
+        """The source's fingerprint, the function's code and the arrays it holds, and a hash
+        of its records 0, n // 2 and n - 1 as mapped: what the function reads beyond its code
+        and closure (a module's vocabulary, a set's order) changes them (each left out as
+        older versions wrote it: at an older ``digest_level()``)."""
         level = digest_level()
+        now = not level and not ARRAYS_LEFT_OUT.get()  # (as versions until 2026-12-05 wrote
         held = tuple(h for h in (self._arrays, "" if OWNER_LEFT_OUT.get() else self._owner)
-                     if h) if not level and not ARRAYS_LEFT_OUT.get() else ()  # (as versions
-        # until 2026-12-05 wrote it: neither; until 2026-12-07: the arrays alone)
+                     if h) if now else ()  # it: neither; until 2026-12-07: the arrays alone;
+        if now and not (OWNER_LEFT_OUT.get() or MAPPED_LEFT_OUT.get() or OLDER.get()):
+            if self._mapped is None:  # until its eleventh session: no mapped records)
+                self._mapped = mapped_records(self)
+            held += (self._mapped,) if self._mapped else ()
         return combined("map", len(self), [self.source], self._fn_digests[level],
                         b"batched" if self.batched else b"records", *held)
 
     @property
     def older_fingerprints(self) -> tuple[None] | None:  # (base.abilities.OLDER)
-        """``(None,)`` where older versions digested the function otherwise (its defaults
-        left out, sets in their run's order, the arrays it holds left out): theirs is
-        ``fingerprint`` at ``digest_level()``."""
-        return (None,) if len(set(self._fn_digests)) > 1 or self._arrays or self._owner \
-            else None
+        """``(None,)`` where older versions wrote the fingerprint otherwise (its defaults
+        left out, sets in their run's order, the arrays it holds left out, its mapped records
+        unhashed: every one it reads here): theirs is ``fingerprint`` at ``digest_level()``."""
+        return (None,) if len(set(self._fn_digests)) > 1 or self._arrays or self._owner or \
+            self._mapped != "" else None
 
     def __repr__(self) -> str:
         name = callable_name(self.fn)

@@ -235,6 +235,46 @@ def test_a_state_saved_under_a_bound_methods_object_of_other_attributes_is_refus
             same.load_state_dict({**state, "source": before})  # (restored)
 
 
+VOCABULARY = {"alpha": 1, "beta": 2, "gamma": 3}
+
+
+def _tokens(record):  # (reads a module's vocabulary: its code and closure do not show it)
+    return {"t": np.array([VOCABULARY[w] for w in record["words"]], np.int32)}
+
+
+def test_a_state_saved_over_other_records_a_function_makes_from_a_modules_value_is_refused(
+        monkeypatch):
+    # a tokenizer's vocabulary built at import from set(words), whose order differs in each
+    # process: a MapSource's state restored in a new process over other token ids, without a
+    # word (its fingerprint named the function by its code and closure; the journey audit)
+    words = [{"words": ["alpha", "beta", "gamma"][i % 3:] + ["gamma"] * (i % 3)}
+             for i in range(9)]
+
+    def loader():
+        return jl.DataLoader(jl.MapSource(words, _tokens), batch_size=3, shuffle=True,
+                             process_index=0, process_count=1)
+
+    with loader() as first:
+        take(first, 1)
+        state = json.loads(json.dumps(first.state_dict()))
+    monkeypatch.setitem(VOCABULARY, "alpha", 7)  # (another process's order)
+    with loader() as other, pytest.raises(jl.StateDictError, match=r"a MapSource's records as "
+                                                                   r"mapped: what its function "
+                                                                   r"reads beyond its code"):
+        other.load_state_dict(state)
+    monkeypatch.setitem(VOCABULARY, "alpha", 1)
+    with loader() as same:
+        same.load_state_dict(state)  # (the same records: restored)
+        from jaxloader.base.abilities import MAPPED_LEFT_OUT
+        token = MAPPED_LEFT_OUT.set(True)
+        try:  # (a state saved before the records were hashed: restored too)
+            before = same._source.fingerprint
+        finally:
+            MAPPED_LEFT_OUT.reset(token)
+        assert before != state["source"]
+        same.load_state_dict({**state, "source": before})
+
+
 def test_a_function_that_fills_a_memo_it_holds_restores_in_a_fresh_process():
     # def norm(r, _cache={}): the digest read the memo as it was at state_dict(), filled by
     # the batches made in this process, and a fresh process's empty one: refused there
