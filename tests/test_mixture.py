@@ -820,3 +820,28 @@ def test_a_large_blocks_indices_are_made_once_not_each_span(monkeypatch):
     with pytest.warns(jl.PerformanceWarning, match=r"6,000 components lay the positions out in "
                                                    r"blocks of 35,994,000"):
         mixture_layout.large_blocks(6_000, 32, 6_000 * 5_999)
+
+
+def test_a_mixture_held_by_the_users_own_source_class_is_refused():
+    # a PyTorch-style Dataset adding a field to a jl.mix read it by index: its components one
+    # after another, the weights unused (a 90% component came at 10%), without a word (the
+    # compositions audit)
+    mixed = jl.mix([jl.ArraySource({"c": np.zeros(10, np.int64)}),
+                    jl.ArraySource({"c": np.ones(90, np.int64)})], [0.9, 0.1])
+
+    class WithField:
+        def __init__(self, source):
+            self.source = source
+
+        def __len__(self):
+            return len(self.source)
+
+        def __getitem__(self, i):
+            return {**self.source[i], "extra": np.int64(1)}
+
+    for make in (lambda: jl.DataLoader(WithField(mixed), batch_size=4),
+                 lambda: jl.MapSource(WithField(mixed), lambda r: r)):
+        with pytest.raises(jl.ConfigError, match=r"the WithField holds a mixture \(jl.mix\) in "
+                                                 r"\.source, which it reads by index: .* the "
+                                                 r"weights unused"):
+            make()

@@ -37,7 +37,7 @@ from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.timings import StageClock
 from jaxloader.workers.source_copies import reading
 from jaxloader.order.local_shuffle import LocalShuffle
-from jaxloader.sources.mixture import Mixture
+from jaxloader.sources.mixture import Mixture, refuse_held_mixture
 from jaxloader.order.sampling import LastBatch
 from jaxloader.loaders.record_order import sampler_for, unread_records
 from jaxloader.sources import ConcatSource, check_source, huggingface
@@ -178,6 +178,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             raise ConfigError(f"DataLoader(source): got a {type(source).__name__}, a stream, with "
                               "no random access; read it with jaxloader.StreamLoader(stream, ...)")
         num_records = check_source(source)
+        refuse_held_mixture(source)
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)

@@ -79,6 +79,24 @@ def refuse_mixture(source: Any, what: str) -> None:
             f"{what}(source): got a mixture (jl.mix), which it would read as its components "
             f"one after another, the weights unused; wrap each component and mix those: "
             f"jl.mix([{what}(a, ...), {what}(b, ...)], weights)")
+    refuse_held_mixture(source)
+
+
+def refuse_held_mixture(source: Any) -> None:
+    """Raises where the user's ``source`` (not one of jaxloader's) holds a ``jl.mix`` in an
+    attribute (a Dataset class that wraps one to add a field): it reads the mixture by index,
+    as its components one after another, the weights unused, without a word."""
+    held = getattr(source, "__dict__", None)
+    if type(source).__module__.startswith("jaxloader") or not isinstance(held, dict):
+        return
+    for name, value in held.items():
+        if isinstance(value, Mixture):
+            raise ConfigError(
+                f"source: the {type(source).__name__} holds a mixture (jl.mix) in .{name}, "
+                "which it reads by index: as its components one after another, the weights "
+                "unused; give the mixture itself to the loader, what the class adds made in a "
+                "Map (DataLoader(jl.mix([...], weights), transforms=[jl.Map(fn)])), or wrap "
+                f"each component in a {type(source).__name__} and mix those")
 
 
 def checked_schedule(schedule: Any, count: int) -> dict[int, np.ndarray]:
