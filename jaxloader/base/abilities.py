@@ -187,17 +187,19 @@ OWNER_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("owner_lef
 method's fingerprint without its object as its code reads it, the rest as today's."""
 
 
-MAPPED_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("mapped_left_out",
-                                                                      default=False)
+RECORDS_AS_BEFORE: contextvars.ContextVar[bool] = contextvars.ContextVar("records_as_before",
+                                                                        default=False)
 """Set to describe a source as versions until 2026-12-07's eleventh session wrote it: a
-``MapSource``'s fingerprint without its mapped records' hash, the rest as today's."""
+``MapSource``'s fingerprint without its mapped records' hash, a record's object arrays
+unhashed and its padded structured and long double values hashed with their padding bytes;
+the rest as today's."""
 
 
 def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
     """``compute()`` as each older version wrote it: today's under each ``OLDER_DIGESTS`` level,
     the newest first, then each ``OLDER`` generation's, then (changes of their own, kept last so
     that the others keep their places) with ``ARRAYS_LEFT_OUT``, with ``OWNER_LEFT_OUT``, and
-    with ``MAPPED_LEFT_OUT``."""
+    with ``RECORDS_AS_BEFORE``."""
     found = []
     for level in range(1, DIGEST_LEVELS + 1):
         token = OLDER_DIGESTS.set(level)
@@ -216,11 +218,11 @@ def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
         found.append(compute())
     finally:
         OWNER_LEFT_OUT.reset(owner_out)
-    mapped_out = MAPPED_LEFT_OUT.set(True)
+    mapped_out = RECORDS_AS_BEFORE.set(True)
     try:
         return found + [compute()]
     finally:
-        MAPPED_LEFT_OUT.reset(mapped_out)
+        RECORDS_AS_BEFORE.reset(mapped_out)
 
 
 def fingerprint_of(source: object) -> str | None:

@@ -35,6 +35,7 @@ from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stackle
 from jaxloader.base.random_state import draws, generator_state, global_examples
 from jaxloader.base.source_locks import holding, source_lock
 from jaxloader.sources.held_generators import held_generators
+from jaxloader.sources.leaf_bytes import as_numpy, leaf_bytes, records_as_before
 from jaxloader.sources.parts import walk
 
 
@@ -86,8 +87,9 @@ def _records_hash(source: Any, drawn: bool | None = None) -> dict[str, str]:
     digest = hashlib.blake2b(digest_size=16)
     spec = ""
     for position in sorted({0, n // 2, n - 1}):
-        if position == 0 and not digest_level() and drawn is None:  # (today's form: read
-            leaves, treedef, drawn = _first_read(source)  # again once)
+        if position == 0 and not digest_level() and drawn is None and not \
+                records_as_before():  # (today's form: read again once)
+            leaves, treedef, drawn = _first_read(source)
         else:
             leaves, treedef = _leaves(source, position)
         described = "; ".join(f"{path}: {_describe(leaf)}"
@@ -99,7 +101,7 @@ def _records_hash(source: Any, drawn: bool | None = None) -> dict[str, str]:
                 seen.append(source)
         digest.update(described.encode(errors="surrogatepass"))
         for leaf in leaves if not drawn else ():  # (drawn values: by their structure alone)
-            digest.update(_content(leaf))
+            digest.update(leaf_bytes(leaf))
     return {"record_spec": spec, "record_hash": ("drawn " if drawn else "") + digest.hexdigest()}
 
 
@@ -169,17 +171,8 @@ class _Reads:
 
 def _values(leaves: list, treedef: tree_lib.TreeDef) -> dict[str, bytes]:
     """A record's leaves' contents by their paths, a Python number as NumPy's."""
-    return {path: _content(_as_numpy(leaf))
+    return {path: leaf_bytes(as_numpy(leaf))
             for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves)}
-
-
-def _as_numpy(leaf: Any) -> Any:
-    if type(leaf) not in (bool, int, float, complex):
-        return leaf
-    try:
-        return np.asarray(leaf)
-    except OverflowError:  # (an int past 64 bits: as it is)
-        return leaf
 
 
 def compact_spec(spec: str) -> str:
@@ -232,16 +225,6 @@ def _describe(leaf: Any) -> str:
     if isinstance(leaf, (np.ndarray, np.generic)):
         return f"{leaf.dtype}{leaf.shape}"
     return type(leaf).__name__
-
-
-def _content(leaf: Any) -> bytes:
-    if isinstance(leaf, (np.ndarray, np.generic)) and not leaf.dtype.hasobject:
-        return np.ascontiguousarray(leaf).tobytes()
-    if isinstance(leaf, str):
-        return leaf.encode(errors="surrogatepass")  # (a name not in UTF-8: os.fsdecode's)
-    if isinstance(leaf, (bytes, bool, int, float, complex)):
-        return leaf if isinstance(leaf, bytes) else repr(leaf).encode()
-    return b""  # other objects: their type is in the spec; a repr may hold an address
 
 
 def older_fingerprint(source: Any) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, MAPPED_LEFT_OUT, OLDER, OWNER_LEFT_OUT,
+from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, OLDER, OWNER_LEFT_OUT, RECORDS_AS_BEFORE,
                                       block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import (callable_name, check_bool, check_one_argument, record_index,
@@ -258,7 +258,7 @@ class MapSource:
         now = not level and not ARRAYS_LEFT_OUT.get()  # (as versions until 2026-12-05 wrote
         held = tuple(h for h in (self._arrays, "" if OWNER_LEFT_OUT.get() else self._owner)
                      if h) if now else ()  # it: neither; until 2026-12-07: the arrays alone;
-        if now and not (OWNER_LEFT_OUT.get() or MAPPED_LEFT_OUT.get() or OLDER.get()):
+        if now and not (OWNER_LEFT_OUT.get() or RECORDS_AS_BEFORE.get() or OLDER.get()):
             if self._mapped is None:  # until its eleventh session: no mapped records)
                 self._mapped = mapped_records(self)
             held += (self._mapped,) if self._mapped else ()

@@ -265,12 +265,12 @@ def test_a_state_saved_over_other_records_a_function_makes_from_a_modules_value_
     monkeypatch.setitem(VOCABULARY, "alpha", 1)
     with loader() as same:
         same.load_state_dict(state)  # (the same records: restored)
-        from jaxloader.base.abilities import MAPPED_LEFT_OUT
-        token = MAPPED_LEFT_OUT.set(True)
+        from jaxloader.base.abilities import RECORDS_AS_BEFORE
+        token = RECORDS_AS_BEFORE.set(True)
         try:  # (a state saved before the records were hashed: restored too)
             before = same._source.fingerprint
         finally:
-            MAPPED_LEFT_OUT.reset(token)
+            RECORDS_AS_BEFORE.reset(token)
         assert before != state["source"]
         same.load_state_dict({**state, "source": before})
 
