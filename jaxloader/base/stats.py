@@ -125,7 +125,9 @@ class LoaderStats(NamedTuple):
 
     @property
     def wait_fraction(self) -> float:
-        """The share of the loop's time spent waiting for input (0 when nothing was timed)."""
+        """The share of the loop's time spent waiting for input (0 when nothing was timed),
+        the first batch's wait included (the workers' start, a JitMap's compilation:
+        ``diagnose()`` leaves it out; ``since()`` a read after it, a window, does too)."""
         total = self.wait_s + self.run_s
         return self.wait_s / total if total else 0.0
 

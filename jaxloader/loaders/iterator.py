@@ -239,9 +239,9 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             if progress.generation != self._generation:
                 progress.check()
                 raise JaxloaderError(
-                    "this iterator is stale: iter(), load_state_dict() or close() was called on "
-                    f"its {progress.owner} since it was made; call iter(loader) again (a loader "
-                    f"has one live iterator: for two at once, make two {progress.owner}s)"
+                    "this iterator is stale: iter(), load_state_dict() (jl.profile(loader) too) "
+                    f"or close() was called on its {progress.owner} since it was made; call "
+                    f"iter(loader) again (one live iterator a loader: make two {progress.owner}s)"
                 )
             if self._hosts is not None:  # (before a stream's end, which runs a collective)
                 if self._hosts.due(self._step - self._start_step,

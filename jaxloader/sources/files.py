@@ -92,7 +92,9 @@ class FileListSource:
                 raise ConfigError(
                     f"FileListSource(labels): expected integers, got {given.dtype} (labels[{odd}]"
                     f" is {labels[odd]!r}); for class names pass ints, e.g. "
-                    "[classes.index(name) for name in names] with classes=sorted(set(names))"
+                    "[classes.index(name) for name in names] with classes the sorted list of "
+                    "every class (sorted(os.listdir(root)) for a folder a class: the names "
+                    "found in one split may lack a class, its labels then shifted)"
                     + ("; for numbers that are no class (a regression's targets), leave labels "
                        "out and look each up by its path in a Map: jl.Map(lambda r: {**r, "
                        "'target': np.float32(targets[r['path']])}), targets a dict"
