@@ -38,7 +38,7 @@ from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, warn_hashing
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
-from jaxloader.sources.parts import read_locked
+from jaxloader.sources.parts import scan_read
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import check_found_from, kept_or_found
 from jaxloader.batching.record_transforms import kept_answer
@@ -190,8 +190,8 @@ def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
     out = []
     for start in range(0, n, CHUNK):
         chunk = np.arange(start, min(n, start + CHUNK))
-        records = read_locked(source, records_at, source, chunk)  # (a loader over it in
-        # another thread reads between chunks; ``keep`` runs holding none)
+        records = scan_read(source, records_at, chunk, "FilteredSource")  # (a loader over it
+        # in another thread reads between chunks; ``keep`` runs holding none)
         i = start  # (the record ``keep`` raised on, named in the error)
         try:  # (around the chunk, not each record: the scan reads every record)
             for i, record in enumerate(records, start):

@@ -45,7 +45,7 @@ from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
-from jaxloader.sources.parts import read_locked
+from jaxloader.sources.parts import read_locked, scan_read
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
@@ -346,8 +346,8 @@ def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
     out = np.empty((n, len(keys)), np.int64)
     for start in range(0, n, _LENGTH_CHUNK):
         stop = min(n, start + _LENGTH_CHUNK)
-        for i, record in enumerate(read_locked(source, records_at, source,
-                                               np.arange(start, stop))):
+        for i, record in enumerate(scan_read(source, records_at, np.arange(start, stop),
+                                             "PackedSource")):
             for k, key in enumerate(keys):
                 out[start + i, k] = len(_sequence(record, key, start + i))
     return out

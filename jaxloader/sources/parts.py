@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Callable
 
-from jaxloader.base.abilities import close_of, parts_of
+import numpy as np
+
+from jaxloader.base.abilities import close_of, origin_of, parts_of
+from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.base.source_locks import holding, lent, source_lock
 
 
@@ -58,6 +61,31 @@ def read_locked(source: Any, fn: Callable[..., Any], *args: Any) -> Any:
     mine = {id(lock) for lock in lent()}
     locks = tuple(lock for lock in source_lock(source, walk) if id(lock) not in mine)
     return holding(locks, fn, *args)
+
+
+def scan_read(source: Any, read: Callable[[Any, np.ndarray], list], indices: np.ndarray,
+              what: str) -> list:
+    """``read(source, indices)`` (``records_at``), ``read_locked``, for ``what``'s pass over
+    ``source`` as it is made (a ``FilteredSource``'s scan, a ``PackedSource``'s lengths): a
+    read that raises is said naming the pass, the record (found again one by one) and where
+    it comes from, the error its cause (a bare ``KeyError`` said none of them)."""
+    try:
+        return read_locked(source, read, source, indices)
+    except JaxloaderError:
+        raise
+    except Exception as e:  # noqa: BLE001 - said with the record, the error its cause
+        failed = int(indices[0])
+        for i in np.asarray(indices).tolist():  # (which record: read again one at a time)
+            try:
+                read_locked(source, read, source, np.array([i]))
+            except Exception:  # noqa: BLE001
+                failed = i
+                break
+        where = origin_of(source, failed)
+        raise RecordError(
+            f"{what}, reading its source once as it is made: record {failed}"
+            f"{f' ({where})' if where else ''}: source[{failed}] raised {type(e).__name__}: "
+            f"{e}; the original error is the cause below") from e
 
 
 def close_source(source: Any) -> None:

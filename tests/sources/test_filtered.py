@@ -534,3 +534,25 @@ def test_a_kept_file_whose_header_claims_more_than_memory_is_named(tmp_path):
                                              r"\) \(800,000,000,000 bytes\), more memory than "
                                              r"this process has, where the file holds \d+ bytes"):
         jl.FilteredSource(jl.ArraySource({"x": np.arange(10)}), lambda r: True, indices=path)
+
+
+def test_a_read_that_fails_in_a_filters_or_packers_pass_names_the_pass_and_the_record():
+    # a source's KeyError in the scan FilteredSource or PackedSource makes as it is made came
+    # bare: no record, no pass named (when keep raised, the record was; the compositions audit)
+    class Broken:
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            if i == 13:
+                raise KeyError("label")
+            return {"t": np.arange(1 + i % 3, dtype=np.int32), "label": np.int64(i % 2)}
+
+    for make, what in ((lambda: jl.FilteredSource(Broken(), lambda r: r["label"] == 0),
+                        "FilteredSource"),
+                       (lambda: jl.PackedSource(Broken(), "t", 8), "PackedSource")):
+        with pytest.raises(jl.RecordError, match=rf"{what}, reading its source once as it is "
+                                                 r"made: record 13: source\[13\] raised "
+                                                 r"KeyError: 'label'") as caught:
+            make()
+        assert isinstance(caught.value.__cause__, KeyError)
