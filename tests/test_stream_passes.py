@@ -556,6 +556,15 @@ def test_a_pass_over_empty_files_is_warned_of_as_the_loader_is_made(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (endless: an epoch of empty shards is passed over)
         jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1)
+    # endless, but a mixture whose stopping_strategy ends its epochs: its first batch failed,
+    # unwarned, the warning's remedy (read without end) no help (the compositions audit)
+    other = jl.Stream.jsonl(paths[:3])
+    for strategy in ("first_exhausted", "all_exhausted"):
+        mixed = jl.mix([other, stream], [0.5, 0.5], stopping_strategy=strategy)
+        with pytest.warns(jl.JaxloaderWarning, match=rf"stopping_strategy='{strategy}': 2 of "
+                                                     r"the stream's shards are empty files .*"
+                                                     r"mix with the default stopping_strategy"):
+            jl.StreamLoader(mixed, batch_size=2, process_index=0, process_count=1)
 
 
 def _forty(i):

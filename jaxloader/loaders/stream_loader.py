@@ -166,8 +166,8 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
             unmasked="" if num_epochs is not None else "num_epochs=n (a pass's end)")
         if num_epochs is not None:
             passes.check(process_count)
-            passes.empty_files(given)
             passes.idle_components(given, cast(int, num_epochs))
+        passes.empty_files(given, endless=num_epochs is None)
         record_transforms, batch_transforms = split_transforms(
             transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)

@@ -25,20 +25,28 @@ from typing import Any, Callable
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 
 
-def empty_files(stream: Any) -> None:
-    """Warns of empty files among ``stream``'s shards, in a pass that ends (``num_epochs``):
+def empty_files(stream: Any, endless: bool = False) -> None:
+    """Warns of empty files among ``stream``'s shards, in a pass that ends (``num_epochs``, or
+    ``endless``, a mixture's epochs that a ``stopping_strategy`` other than the default ends):
     they fail a pass whose deal gives a reader nothing else (at the pass the seed decides,
     maybe hours in)."""
+    mixed = stream if hasattr(stream, "stopping_strategy") else getattr(stream, "stream", None)
+    strategy = getattr(mixed, "stopping_strategy", None)
+    if endless and strategy in (None, "all_exhausted_without_replacement"):
+        return  # (read without end: an empty shard is passed over)
     empty = [path for shard in getattr(stream, "shards", None) or () if isinstance(
         path := getattr(shard, "path", None), str) and os.path.isfile(path)
         and os.path.getsize(path) == 0]
     if empty:
+        ends = f"stopping_strategy={strategy!r}" if endless else "num_epochs"
         warnings.warn(
-            f"num_epochs: {len(empty)} of the stream's shards are empty files ({empty[0]}"
+            f"{ends}: {len(empty)} of the stream's shards are empty files ({empty[0]}"
             f"{', ...' if len(empty) > 1 else ''}): a pass whose deal gives a reader only empty "
             "shards is refused, as it has no records to pad its last batches with, at the pass "
             "the seed's deal decides (the first, or one hours in); remove the empty files (a "
-            "0-byte part file, as Spark writes them), or read without end (num_epochs=None)",
+            "0-byte part file, as Spark writes them), or " + (
+                "mix with the default stopping_strategy, whose components' epochs do not end "
+                "the stream's" if endless else "read without end (num_epochs=None)"),
             JaxloaderWarning, stacklevel=user_stacklevel())
 
 

@@ -267,8 +267,9 @@ def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[
         why = (f"in any of the stream's {len(stream.shards)} shards, each dealt to it in the "
                f"{epochs} epoch(s) up to epoch {epoch}")
     elif in_pass:
-        why = (f"in epoch {epoch}, in a pass (num_epochs, or a mixture's stopping_strategy), "
-               "whose last batches are padded with its records; it was dealt")
+        why = (f"in epoch {epoch}, in a pass that ends (num_epochs, whose last batches are "
+               "padded with its records, or a mixture's stopping_strategy other than the "
+               "default, whose components' epochs end it); it was dealt")
     elif not stream.shuffle_shards:
         why = (f"in epoch {epoch}, and with shuffle_shards=False every epoch deals it the "
                "same")
