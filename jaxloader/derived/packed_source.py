@@ -77,6 +77,8 @@ class PackedSource:
         (2, [6, 7, 8, 9, 4, 5], [1, 1, 1, 1, 2, 2])
     """
 
+    kind_known = True  # (``__getitems__([])``: its rows' keys and dtypes, one record read)
+
     def __init__(self, source: Source, keys: str | Iterable[str], length: Int | Mapping[str, Int],
                  *, method: packing_plan.Method = "best_fit",
                  bins: Int = 16, window: Int = 10_000,

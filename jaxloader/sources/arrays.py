@@ -52,6 +52,7 @@ class ArraySource:
     """
 
     reads_thread_safe = True  # (its reads take no lock: ``base.source_locks``)
+    kind_known = True  # (``__getitems__([])``: its rows' keys, dtypes and shapes, no read)
 
     def __init__(self, tree: Any) -> None:
         if is_data_frame(tree):

@@ -213,17 +213,18 @@ class ConcatSource:
         return merged(pieces, len(parts), lambda i: self.label(of[i]))
 
     def check_alike(self, parts: list[int], shapes: bool = True) -> None:
-        """Refuses ``parts`` (read together in batches), ``ArraySource`` parts whose rows
-        would not merge into one batch (other keys, dtypes, row shapes), as a batch of them
-        would: known now, with no read (a mixture's component of small weight was first read
-        at step 12, and refused there). ``shapes=False``: parts read in batches of their own
+        """Refuses ``parts`` (read together in batches), ``ArraySource`` and ``PackedSource``
+        parts (``kind_known``) whose rows would not merge into one batch (other keys, dtypes,
+        row shapes), as a batch of them would: known now (a mixture's component of small
+        weight was first read at step 12, and refused there; packed rows of int32 and int64
+        tokens in a worker at the first batch). ``shapes=False``: parts read in batches of their own
         (a schedule's phases), which may differ in row shapes, not in ranks (a loader's
         batches are of one kind: ``base.batch_kinds``)."""
-        arrays = [p for p in parts if type(self.sources[p]) is ArraySource]
+        arrays = [p for p in parts if getattr(type(self.sources[p]), "kind_known", False)]
         if len(arrays) > 1 and not large_views(self):  # (records read one by one, as views:
             # a record Map may make them alike, a crop of volumes of two sizes)
             rows = [cast(ArraySource, self.sources[p]).__getitems__(np.arange(0))
-                    for p in arrays]
+                    for p in arrays]  # (or a PackedSource: kind_known)
             if not shapes:  # (each leaf of the first's rank given the first's row shape)
                 first, treedef = tree_lib.flatten(rows[0])
                 for i, one in enumerate(rows):

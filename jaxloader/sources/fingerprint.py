@@ -29,13 +29,14 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import memmap_under
-from jaxloader.base.abilities import (array_likes_by_type, digest_level, file_identities_of,
-                                      fingerprint_of, in_older_forms, older_digests)
+from jaxloader.base.abilities import (RECORDS_AS_BEFORE, array_likes_by_type, digest_level,
+                                      file_identities_of, fingerprint_of, in_older_forms,
+                                      older_digests)
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.base.random_state import draws, generator_state, global_examples
-from jaxloader.base.source_locks import holding, source_lock
+from jaxloader.base.source_locks import holding, lent, source_lock
 from jaxloader.sources.held_generators import held_generators
-from jaxloader.sources.leaf_bytes import as_numpy, leaf_bytes, records_as_before
+from jaxloader.sources.leaf_bytes import MEANT_SEEN, as_numpy, leaf_bytes, records_as_before
 from jaxloader.sources.parts import walk
 
 
@@ -58,6 +59,13 @@ def source_fingerprint(source: Any) -> dict[str, Any]:
             return {"source": own, "parts": list(parts)}
         return {"source": own}
     locks = source_lock(source, walk)
+    _refuse_within_a_read(locks)
+    return holding(locks, _records_hash, source)
+
+
+def _refuse_within_a_read(locks: Any) -> None:
+    """Refuses a read of the source's records in a thread that holds its locks: one that is
+    reading it (a signal handler that interrupted a read)."""
     if any(getattr(lock, "_is_owned", lambda: False)() for lock in locks):
         raise StateDictError(
             "state_dict() (or a restore) was called in a thread that is reading the source "
@@ -66,7 +74,6 @@ def source_fingerprint(source: Any) -> dict[str, Any]:
             "interrupted read; call loader.state_dict() once before (it is kept), save at a "
             "step's end (a handler that sets a flag the training loop checks), or give the "
             "source a `fingerprint` attribute")
-    return holding(locks, _records_hash, source)
 
 
 def mapped_records(source: Any) -> str:
@@ -74,8 +81,11 @@ def mapped_records(source: Any) -> str:
     under its locks), for a source whose own fingerprint names its function by its code and
     closure alone (a ``MapSource``); ``""`` where this process cannot read them (a source only
     its workers open), which its fingerprint then leaves out, as before."""
+    mine = {id(lock) for lock in lent()}  # (a read thread's maker's: held for it, as by
+    locks = tuple(lock for lock in source_lock(source, walk) if id(lock) not in mine)  # it)
+    _refuse_within_a_read(locks)  # (a signal handler's state_dict(): refused, as any source's)
     try:
-        return holding(source_lock(source, walk), _records_hash, source)["record_hash"]
+        return holding(locks, _records_hash, source)["record_hash"]
     except Exception:  # noqa: BLE001 - (not readable here: the code's digest names it alone)
         return ""
 
@@ -271,15 +281,24 @@ def combined_generations(kind: str, size: int, sources: Sequence[Any],
         >>> len(combined_generations("twice", 3, [ArraySource({"x": np.zeros(3)})]))
         1
     """
-    token = _COMPACTED_SEEN.set([])
+    token, seen = _COMPACTED_SEEN.set([]), MEANT_SEEN.set([])
     try:
         found = [combined(kind, size, sources, *own)]
         compacted = bool(_COMPACTED_SEEN.get())  # (a part's records' structure: whole before)
+        meant = bool(MEANT_SEEN.get())  # (a record's leaf hashed otherwise before: objects)
     finally:
         _COMPACTED_SEEN.reset(token)
+        MEANT_SEEN.reset(seen)
     if not compacted and not any(getattr(part, "older_fingerprints", None) is not None
                                  for source in sources for part in walk(source)):
-        return tuple(found)  # (none written otherwise: no source read again for nothing)
+        if meant:  # (its records as hashed until 2026-12-07's eleventh session)
+            before = RECORDS_AS_BEFORE.set(True)
+            try:
+                found.append(combined(kind, size, sources, *own))
+            finally:
+                RECORDS_AS_BEFORE.reset(before)
+        return tuple(dict.fromkeys(found))  # (none written otherwise: no source read again
+        # for nothing)
     for then in in_older_forms(lambda: combined(kind, size, sources, *own)):
         if then not in found:
             found.append(then)

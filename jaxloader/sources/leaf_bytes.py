@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import numpy as np
@@ -28,17 +29,26 @@ def as_numpy(leaf: Any) -> Any:
     if type(leaf) not in (bool, int, float, complex):
         return leaf
     try:
-        return np.asarray(leaf)
+        value = np.asarray(leaf)
     except OverflowError:  # (an int past 64 bits: as it is)
         return leaf
+    return leaf if value.dtype.hasobject else value  # (NumPy 2's of such an int: as it is)
+
+
+ITEMS = 4096  # an object array's items hashed at most (evenly spaced, its last too)
+MEANT_SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("meant_seen",
+                                                                        default=None)
+"""Set to a list to learn whether a leaf was hashed otherwise than before 2026-12-07's
+eleventh session (``_meant``): a file kept by that version then says the older form."""
 
 
 def leaf_bytes(leaf: Any) -> bytes:
     """The bytes of ``leaf``'s values: an array's (``_meant``'s where a dtype leaves bytes
     unset or holds objects), a str's, a number's text; ``b""`` for another object."""
     if isinstance(leaf, (np.ndarray, np.generic)) and not records_as_before() and (
-            leaf.dtype.names or leaf.dtype.hasobject or leaf.dtype.kind in "fc" and
-            leaf.dtype.itemsize > 8 + 8 * (leaf.dtype.kind == "c")):
+            _unset(leaf.dtype) or leaf.dtype.hasobject):
+        if (seen := MEANT_SEEN.get()) is not None:
+            seen.append(leaf.dtype)
         return _meant(leaf)
     if isinstance(leaf, (np.ndarray, np.generic)) and not leaf.dtype.hasobject:
         return np.ascontiguousarray(leaf).tobytes()
@@ -58,9 +68,32 @@ def _meant(leaf: np.ndarray | np.generic) -> bytes:
     if leaf.dtype.names:
         return b"".join(leaf_bytes(np.asarray(leaf)[name]) for name in leaf.dtype.names)
     if leaf.dtype.hasobject:
-        return b"".join(len(part := leaf_bytes(as_numpy(item))).to_bytes(8, "little") + part +
-                        type(item).__name__.encode() for item in np.ravel(leaf))
+        items = np.ravel(leaf)
+        if len(items) > ITEMS:  # (a million strings: 5 s a state, each form again)
+            items = items[np.unique(np.linspace(0, len(items) - 1, ITEMS).astype(np.int64))]
+        return len(np.ravel(leaf)).to_bytes(8, "little") + b"".join(
+            len(part := _item(item)).to_bytes(8, "little") + part + type(item).__name__.encode()
+            for item in items)
     if leaf.dtype.kind == "c":
         return _meant(np.real(leaf)) + _meant(np.imag(leaf))
-    high = np.asarray(leaf).astype(np.float64)
-    return high.tobytes() + (np.asarray(leaf) - high).astype(np.float64).tobytes()
+    with np.errstate(over="ignore", invalid="ignore"):  # (past float64's range: inf, then
+        high = np.asarray(leaf).astype(np.float64)  # what is left as its own value)
+        return high.tobytes() + (np.asarray(leaf) - high).astype(np.float64).tobytes()
+
+
+def _item(item: Any) -> bytes:
+    """An object array's item's bytes; another object array's none (by its type: one that
+    holds itself would recurse for ever)."""
+    if isinstance(item, np.ndarray) and item.dtype.hasobject:
+        return b""
+    return leaf_bytes(as_numpy(item))
+
+
+def _unset(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` leaves bytes unset: a long double's, or a structure's with padding
+    or with such a field (one of objects is hashed item by item)."""
+    if dtype.names:
+        fields = [dtype[name] for name in dtype.names]
+        return sum(f.itemsize for f in fields) != dtype.itemsize or any(
+            _unset(f) or f.hasobject for f in fields)
+    return dtype.kind in "fc" and dtype.itemsize > 8 + 8 * (dtype.kind == "c")

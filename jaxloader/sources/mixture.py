@@ -83,20 +83,37 @@ def refuse_mixture(source: Any, what: str) -> None:
 
 
 def refuse_held_mixture(source: Any) -> None:
-    """Raises where the user's ``source`` (not one of jaxloader's) holds a ``jl.mix`` in an
-    attribute (a Dataset class that wraps one to add a field): it reads the mixture by index,
-    as its components one after another, the weights unused, without a word."""
-    held = getattr(source, "__dict__", None)
-    if type(source).__module__.startswith("jaxloader") or not isinstance(held, dict):
+    """Raises where the user's ``source`` (not one of jaxloader's; or a part of one of them, a
+    component of a mix) holds a ``jl.mix`` in an attribute, or in a list, tuple or dict in
+    one (a Dataset class that wraps one to add a field): it reads the mixture by index, as its
+    components one after another, the weights unused, without a word."""
+    module = type(source).__module__
+    if module == "jaxloader" or module.startswith("jaxloader."):
+        for part in (getattr(source, "sources", None) or [getattr(source, "source", None)]):
+            if part is not None and part is not source:
+                refuse_held_mixture(part)
         return
+    held = dict(getattr(source, "__dict__", None) or {})
+    held.update({name: getattr(source, name) for name in getattr(type(source), "__slots__", ())
+                 if isinstance(name, str) and hasattr(source, name)})
     for name, value in held.items():
-        if isinstance(value, Mixture):
+        inside = value.values() if isinstance(value, dict) else value if isinstance(
+            value, (list, tuple)) else (value,)
+        if any(isinstance(item, Mixture) and len(item) == _length(source) for item in inside):
+            # (of its length: read record for record; one it holds beside others, not)
             raise ConfigError(
                 f"source: the {type(source).__name__} holds a mixture (jl.mix) in .{name}, "
                 "which it reads by index: as its components one after another, the weights "
                 "unused; give the mixture itself to the loader, what the class adds made in a "
                 "Map (DataLoader(jl.mix([...], weights), transforms=[jl.Map(fn)])), or wrap "
                 f"each component in a {type(source).__name__} and mix those")
+
+
+def _length(source: Any) -> int | None:
+    try:
+        return len(source)
+    except Exception:  # noqa: BLE001 - (none: not a wrapper read record for record)
+        return None
 
 
 def checked_schedule(schedule: Any, count: int) -> dict[int, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.abilities import close_of, origin_of, parts_of
-from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.source_locks import holding, lent, source_lock
 
 
@@ -67,25 +67,27 @@ def scan_read(source: Any, read: Callable[[Any, np.ndarray], list], indices: np.
               what: str) -> list:
     """``read(source, indices)`` (``records_at``), ``read_locked``, for ``what``'s pass over
     ``source`` as it is made (a ``FilteredSource``'s scan, a ``PackedSource``'s lengths): a
-    read that raises is said naming the pass, the record (found again one by one) and where
-    it comes from, the error its cause (a bare ``KeyError`` said none of them)."""
+    read that raises is said in a note on its error (its type kept: an ``OSError`` is one
+    still) naming the pass, the record (found again one by one) and where it comes from (a
+    bare ``KeyError`` said none of them)."""
     try:
         return read_locked(source, read, source, indices)
     except JaxloaderError:
         raise
-    except Exception as e:  # noqa: BLE001 - said with the record, the error its cause
-        failed = int(indices[0])
+    except Exception as e:
+        failed = None
         for i in np.asarray(indices).tolist():  # (which record: read again one at a time)
             try:
                 read_locked(source, read, source, np.array([i]))
             except Exception:  # noqa: BLE001
                 failed = i
                 break
-        where = origin_of(source, failed)
-        raise RecordError(
-            f"{what}, reading its source once as it is made: record {failed}"
-            f"{f' ({where})' if where else ''}: source[{failed}] raised {type(e).__name__}: "
-            f"{e}; the original error is the cause below") from e
+        where = origin_of(source, failed) if failed is not None else None
+        e.add_note(f"{what}, reading its source once as it is made: " + (
+            f"record {failed}{f' ({where})' if where else ''}, source[{failed}], raised this"
+            if failed is not None else f"records {int(indices[0])} to {int(indices[-1])} read "
+            "together raised this, each read alone did not (a read that fails now and then?)"))
+        raise
 
 
 def close_source(source: Any) -> None:
