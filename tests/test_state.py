@@ -588,12 +588,20 @@ class _Records:  # a plain source of records of one kind of leaf, its values tim
             value["a"], value["b"] = [i, i + 1], np.array([i, i + 1]) * self.scale
         elif self.kind == "long double":
             value = np.arange(2, dtype=np.longdouble) / 3 * self.scale + i
+        elif self.kind == "long double field":  # (an array-shaped field: the review)
+            value = np.empty(2, np.dtype([("a", np.longdouble, (2,)), ("n", "i8")]))
+            value["a"], value["n"] = np.arange(2) / 3 * self.scale + i, i
+        elif self.kind == "nested objects":  # (ragged lists of words: the review)
+            value = np.empty(2, object)
+            value[0] = np.array([f"word {i * self.scale}"] * (1 + i % 2), dtype=object)
+            value[1] = value  # (one that holds itself: not for ever)
         else:
             value = np.array([f"text {i * self.scale}", None], dtype=object)
         return {"v": value}
 
 
-@pytest.mark.parametrize("kind", ["padded", "long double", "objects"])
+@pytest.mark.parametrize("kind", ["padded", "long double", "objects", "long double field",
+                                  "nested objects"])
 def test_records_of_padded_structures_long_doubles_or_objects_are_hashed_by_their_values(kind):
     # padding bytes read as they were left made a source look as if it drew as it read (a
     # false warning, then its values unhashed), and an object array was left out: a state

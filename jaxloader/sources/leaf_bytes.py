@@ -59,21 +59,23 @@ def leaf_bytes(leaf: Any) -> bytes:
     return b""  # other objects: their type is in the spec; a repr may hold an address
 
 
-def _meant(leaf: np.ndarray | np.generic) -> bytes:
+def _meant(leaf: np.ndarray | np.generic, within: frozenset = frozenset()) -> bytes:
     """The bytes that hold ``leaf``'s values, not those a dtype leaves unset (an aligned
     structure's padding, a long double's last 6 of 16: other bytes each read, the source taken
     for one that draws as it reads, its values then unhashed), and an object array's items
     (an array of strings was left out: a state restored over other text): a structure field
-    by field, a long double as two float64s (its value and what that left), objects each."""
+    by field, a long double as two float64s (its value and what that left), objects each
+    (``within``: the object arrays being hashed around it: one held again is not)."""
     if leaf.dtype.names:
         return b"".join(leaf_bytes(np.asarray(leaf)[name]) for name in leaf.dtype.names)
     if leaf.dtype.hasobject:
         items = np.ravel(leaf)
         if len(items) > ITEMS:  # (a million strings: 5 s a state, each form again)
             items = items[np.unique(np.linspace(0, len(items) - 1, ITEMS).astype(np.int64))]
+        within = within | {id(leaf)}
         return len(np.ravel(leaf)).to_bytes(8, "little") + b"".join(
-            len(part := _item(item)).to_bytes(8, "little") + part + type(item).__name__.encode()
-            for item in items)
+            len(part := _item(item, within)).to_bytes(8, "little") + part +
+            type(item).__name__.encode() for item in items)
     if leaf.dtype.kind == "c":
         return _meant(np.real(leaf)) + _meant(np.imag(leaf))
     with np.errstate(over="ignore", invalid="ignore"):  # (past float64's range: inf, then
@@ -81,17 +83,20 @@ def _meant(leaf: np.ndarray | np.generic) -> bytes:
         return high.tobytes() + (np.asarray(leaf) - high).astype(np.float64).tobytes()
 
 
-def _item(item: Any) -> bytes:
-    """An object array's item's bytes; another object array's none (by its type: one that
-    holds itself would recurse for ever)."""
+def _item(item: Any, within: frozenset) -> bytes:
+    """An object array's item's bytes: another object array's as its items' (ragged lists of
+    strings), but one it is within (an array that holds itself: for ever), by its type."""
     if isinstance(item, np.ndarray) and item.dtype.hasobject:
-        return b""
+        return b"" if id(item) in within or len(within) > 16 else _meant(item, within)
     return leaf_bytes(as_numpy(item))
 
 
 def _unset(dtype: np.dtype) -> bool:
     """Whether ``dtype`` leaves bytes unset: a long double's, or a structure's with padding
-    or with such a field (one of objects is hashed item by item)."""
+    or with such a field (one of objects is hashed item by item); an array-shaped field's,
+    where its items' dtype does."""
+    if dtype.subdtype is not None:
+        return _unset(dtype.subdtype[0])
     if dtype.names:
         fields = [dtype[name] for name in dtype.names]
         return sum(f.itemsize for f in fields) != dtype.itemsize or any(
