@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -99,7 +100,8 @@ def refuse_held_mixture(source: Any) -> None:
     for name, value in held.items():
         inside = value.values() if isinstance(value, dict) else value if isinstance(
             value, (list, tuple)) else (value,)
-        if any(isinstance(item, Mixture) and len(item) == _length(source) for item in inside):
+        if any(isinstance(item, Mixture) and len(item) == _length(source)  # (the first 64:
+               for item in itertools.islice(inside, 64)):  # not a million records' list)
             # (of its length: read record for record; one it holds beside others, not)
             raise ConfigError(
                 f"source: the {type(source).__name__} holds a mixture (jl.mix) in .{name}, "

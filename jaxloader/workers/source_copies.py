@@ -60,7 +60,8 @@ class Copies:
         stack, seen = [source], 0
         while stack and seen < 64:
             source, seen = stack.pop(), seen + 1
-            if type(source).__module__.startswith("jaxloader"):
+            module = type(source).__module__
+            if module == "jaxloader" or module.startswith("jaxloader."):
                 inner = getattr(source, "sources", None)
                 stack += [getattr(source, "source", None),
                           *(inner if isinstance(inner, (list, tuple)) else ())]
