@@ -34,10 +34,10 @@ from jaxloader.base.abilities import (RECORDS_AS_BEFORE, array_likes_by_type, di
                                       older_digests)
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.base.random_state import draws, generator_state, global_examples
-from jaxloader.base.source_locks import holding, lent, source_lock
+from jaxloader.base.source_locks import holding, source_lock
 from jaxloader.sources.held_generators import held_generators
 from jaxloader.sources.leaf_bytes import MEANT_SEEN, as_numpy, leaf_bytes, records_as_before
-from jaxloader.sources.parts import walk
+from jaxloader.sources.parts import locks_to_take, walk
 
 
 # The most parts a state lists the fingerprints of (8 hex digits each), to name the part that
@@ -81,8 +81,7 @@ def mapped_records(source: Any) -> str:
     under its locks), for a source whose own fingerprint names its function by its code and
     closure alone (a ``MapSource``); ``""`` where this process cannot read them (a source only
     its workers open), which its fingerprint then leaves out, as before."""
-    mine = {id(lock) for lock in lent()}  # (a read thread's maker's: held for it, as by
-    locks = tuple(lock for lock in source_lock(source, walk) if id(lock) not in mine)  # it)
+    locks = locks_to_take(source)  # (a read thread's maker's: held for it, as by it)
     _refuse_within_a_read(locks)  # (a signal handler's state_dict(): refused, as any source's)
     try:
         return holding(locks, _records_hash, source)["record_hash"]

@@ -23,6 +23,7 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.plans.mixture import Weights, normalised
 from jaxloader.sources.base import Source
+from jaxloader.sources.parts import walk
 from jaxloader.sources.concat import ConcatSource
 
 
@@ -88,12 +89,14 @@ def refuse_held_mixture(source: Any) -> None:
     component of a mix) holds a ``jl.mix`` in an attribute, or in a list, tuple or dict in
     one (a Dataset class that wraps one to add a field): it reads the mixture by index, as its
     components one after another, the weights unused, without a word."""
-    module = type(source).__module__
-    if module == "jaxloader" or module.startswith("jaxloader."):
-        for part in (getattr(source, "sources", None) or [getattr(source, "source", None)]):
-            if part is not None and part is not source:
-                refuse_held_mixture(part)
-        return
+    for part in walk(source):
+        module = type(part).__module__
+        if not (module == "jaxloader" or module.startswith("jaxloader.")):
+            _refuse_held(part)
+
+
+def _refuse_held(source: Any) -> None:
+    """``refuse_held_mixture`` of one of the user's objects, its attributes looked at."""
     held = dict(getattr(source, "__dict__", None) or {})
     held.update({name: getattr(source, name) for name in getattr(type(source), "__slots__", ())
                  if isinstance(name, str) and hasattr(source, name)})

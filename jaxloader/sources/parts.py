@@ -58,9 +58,14 @@ def read_locked(source: Any, fn: Callable[..., Any], *args: Any) -> Any:
     it, crashed pyarrow (a segfault, "the file is damaged") or hung. On a batch's read thread
     (a source that makes its filter as it is first read) the locks its maker holds are taken
     as held (``lent``: the maker waits for this read), the others as anywhere."""
+    return holding(locks_to_take(source), fn, *args)
+
+
+def locks_to_take(source: Any) -> tuple:
+    """``source``'s locks a read of it here takes (``read_locked``): those a batch's read
+    thread's maker holds taken as held."""
     mine = {id(lock) for lock in lent()}
-    locks = tuple(lock for lock in source_lock(source, walk) if id(lock) not in mine)
-    return holding(locks, fn, *args)
+    return tuple(lock for lock in source_lock(source, walk) if id(lock) not in mine)
 
 
 def scan_read(source: Any, read: Callable[[Any, np.ndarray], list], indices: np.ndarray,

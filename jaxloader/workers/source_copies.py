@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 import weakref
 from typing import Any, ContextManager, Iterator
@@ -35,6 +36,7 @@ from typing import Any, ContextManager, Iterator
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
+from jaxloader.sources.parts import walk
 
 SAMPLES = 4096  # elements looked at in each copied array (a fancy index: microseconds)
 NOTED_MIN_BYTES = 1024  # arrays pickled with the payload are noted from this size (labels)
@@ -57,17 +59,12 @@ class Copies:
         ``changed()`` with what it holds then (``_kept``). Not those set later, nor those that
         were ``None``: a file handle or a cache opened at the first read is no change of the
         records; nor what jaxloader's own reads here change (``reading``)."""
-        stack, seen = [source], 0
-        while stack and seen < 64:
-            source, seen = stack.pop(), seen + 1
-            module = type(source).__module__
-            if module == "jaxloader" or module.startswith("jaxloader."):
-                inner = getattr(source, "sources", None)
-                stack += [getattr(source, "source", None),
-                          *(inner if isinstance(inner, (list, tuple)) else ())]
-            elif isinstance(getattr(source, "__dict__", None), dict):
+        for part in itertools.islice(walk(source), 64):  # (a concat's first parts)
+            module = type(part).__module__
+            if not (module == "jaxloader" or module.startswith("jaxloader.")) and isinstance(
+                    getattr(part, "__dict__", None), dict):
                 try:
-                    self._objects.append((weakref.ref(source), _attributes(source)))
+                    self._objects.append((weakref.ref(part), _attributes(part)))
                 except TypeError:  # (an object of no weak reference: not looked at)
                     pass
 
