@@ -52,15 +52,19 @@ html_static_path: list[str] = []
 
 # What a loader calls on its parts, not what a user calls, is left off the API pages (the API
 # audit: JitMap.run, Stream.reader or ConcatSource.locate read as a user's to call), and so is
-# a named tuple's __new__ (its fields are listed).
-_INTERNAL = {"block_starts", "check_alike", "check_extra_state", "check_order", "describe",
-             "engine", "extra_state", "file_identities", "fresh", "gather_columns", "label",
-             "locate", "older_fingerprints", "reader", "run", "settings", "split", "stop_work",
-             "__new__"}
+# a named tuple's __new__ (its fields are listed), and the __init__ of a class a user is given
+# and never makes (the iterator) or only subclasses (a Protocol's, typing's stand-in).
+_INTERNAL = {"block_starts", "check_alike", "check_extra_state", "check_mapped", "check_order",
+             "check_phases", "describe", "engine", "extra_state", "file_identities", "fresh",
+             "gather_columns", "label", "locate", "older_fingerprints", "reader",
+             "record_origin", "run", "settings", "split", "stop_work", "__new__"}
+_NOT_MADE = {"LoaderIterator.__init__", "_no_init_or_replace_init"}
 
 
 def _skip_internal(app: object, what: str, name: str, obj: object, skip: bool,
                    options: object) -> bool | None:
+    if what == "class" and name == "__init__":
+        return True if getattr(obj, "__qualname__", "") in _NOT_MADE else None
     return True if what == "class" and name in _INTERNAL else None
 
 

@@ -107,6 +107,7 @@ class LoaderCheckpointHandler(_BASE or ocp.CheckpointHandler):  # type: ignore[m
     module is imported."""
 
     def save(self, directory: Any, *args: Any, **kwargs: Any) -> None:
+        """Writes ``args=LoaderSave(loader)``'s state into ``directory`` (``write_state``)."""
         save_args = _args(args, kwargs, LoaderSave)
         path = epath.Path(directory)
         path.mkdir(parents=True, exist_ok=True)
@@ -126,17 +127,20 @@ class LoaderCheckpointHandler(_BASE or ocp.CheckpointHandler):  # type: ignore[m
         return [_COMMIT(write(), name="jaxloader_loader_save")]
 
     def restore(self, directory: Any, *args: Any, **kwargs: Any) -> dict:
+        """Loads the fitting state in ``directory`` into ``args=LoaderRestore(loader)``'s
+        loader (``restore_into``); returns the state."""
         restore_args = _args(args, kwargs, LoaderRestore)
         return restore_into(directory, restore_args.loader)
 
     def metadata(self, directory: Any) -> None:
+        """None: a loader's state has no metadata apart from the state."""
         return None
 
     def finalize(self, directory: Any) -> None:
-        pass
+        """Nothing: the state file is whole once written."""
 
     def close(self) -> None:
-        pass
+        """Nothing: the handler holds no resource."""
 
 
 def _args(args: tuple, kwargs: dict, cls: type) -> Any:

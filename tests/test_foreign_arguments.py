@@ -323,6 +323,18 @@ def test_pytorchs_loader_attributes_say_what_to_read_instead():
                                              r"is the next epoch.*loader\.epoch is the epoch"):
         loader.set_epoch(1)  # (Python's bare AttributeError named nothing)
     assert not hasattr(loader, "dataset")
+    # the arguments PyTorch's loader keeps as attributes (loader.drop_last in a step count):
+    # Python's bare AttributeError, naming nothing (the docs audit)
+    for name, said in (("drop_last", "last_batch='partial'"), ("collate_fn", "BatchMap"),
+                       ("pin_memory", "sharding="), ("timeout", "timeout_s="),
+                       ("generator", "seed="), ("prefetch_factor", "prefetch="),
+                       ("persistent_workers", "close\\(\\) ends"),
+                       ("multiprocessing_context", "start_method="), ("in_order", "in order"),
+                       ("pin_memory_device", "sharding=")):
+        with pytest.raises(AttributeError, match=rf"DataLoader has no {name} \(PyTorch's "
+                                                 rf"DataLoader\.{name}\): not an argument "
+                                                 rf"here either: .*{said}"):
+            getattr(loader, name)
     with pytest.raises(AttributeError, match="'DataLoader' object has no attribute 'datasets'"):
         loader.datasets  # (any other name: Python's own)
 

@@ -64,6 +64,9 @@ class PackedSource:
     into row-sized pieces or ``"truncate"`` (listed in ``truncated``). ``value``: what the
     rows hold after their segments, a number or ``{key: number}`` (``{"ids": 0, "labels":
     -100}`` for a loss that ignores -100; the segment ids are 0 there whatever it is).
+    ``seed``: the records are placed in an order shuffled by it (the same rows each epoch);
+    ``None`` places them as stored, so a row packs neighbouring records (a large Parquet
+    file's row groups decoded once each: docs/guides/packing.md).
 
     ``lengths``: the records' lengths (``(records,)`` or ``(records, keys)``), or the path of a
     ``.npy`` file that keeps them (read once from the records when it does not exist yet, or

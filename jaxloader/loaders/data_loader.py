@@ -132,17 +132,21 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             ``worker_count``, ...) raise a ``TypeError`` saying what to pass instead.
 
     ``loader.peek()`` gives the next batch without moving the position (to build a model from
-    its shapes). Two ways to loop, both resumable with ``state_dict()``::
+    its shapes). Two ways to loop, both resumable with ``state_dict()``:
 
-        loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, seed=0)
-        for epoch in range(3):          # each iter() is the next epoch, reshuffled
-            for batch in loader:
-                ...
-
-        loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, num_epochs=None)
-        it = iter(loader)               # endless: a step loop
-        for step in range(10_000):
-            batch = next(it)
+        >>> import numpy as np, jaxloader as jl
+        >>> source = jl.ArraySource({"x": np.arange(1_024)})
+        >>> with jl.DataLoader(source, batch_size=128, shuffle=True, seed=0) as loader:
+        ...     for epoch in range(3):      # each iter() is the next epoch, reshuffled
+        ...         sizes = [batch["x"].shape[0] for batch in loader]
+        >>> sizes, loader.state_dict()["step"]
+        ([128, 128, 128, 128, 128, 128, 128, 128], 24)
+        >>> with jl.DataLoader(source, batch_size=128, shuffle=True, num_epochs=None) as loader:
+        ...     it = iter(loader)               # endless: a step loop
+        ...     for step in range(100):
+        ...         batch = next(it)
+        >>> loader.state_dict()["step"]
+        100
     """
 
     def __init__(
@@ -259,7 +263,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
 
         Example:
             >>> import numpy as np, jaxloader as jl
-            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((10, 3))}), batch_size=4,
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((8, 3))}), batch_size=4,
             ...                        process_index=0, process_count=1)
             >>> loader.peek()["x"].shape, loader.step
             ((4, 3), 0)

@@ -246,6 +246,13 @@ _ATTRIBUTES = {  # name -> (the peer's, what to do instead)
     "get_state": ("Grain's iterator.get_state()", _STATE),
     "set_state": ("Grain's iterator.set_state(state)", _STATE),
 }
+# PyTorch's DataLoader keeps each argument as an attribute (loader.drop_last in a step count,
+# loader.collate_fn handed on): the loader's argument's remedy says what it has instead
+_TORCH_KEPT = ("drop_last", "collate_fn", "pin_memory", "timeout", "generator",
+               "prefetch_factor", "persistent_workers", "multiprocessing_context", "in_order",
+               "pin_memory_device")
+_ATTRIBUTES.update({name: (f"PyTorch's DataLoader.{name}", f"not an argument here either: "
+                           f"{_REMEDIES[name]}") for name in _TORCH_KEPT})
 
 
 class _Refused:
@@ -273,14 +280,24 @@ class GrainAttributes:
 
 class TorchAttributes(GrainAttributes):
     """PyTorch's ``DataLoader.dataset``, ``.sampler`` and ``.batch_sampler``, which a training
-    loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``), and a
-    ``set_epoch`` of the loader's own: each raises an ``AttributeError`` saying what to do
-    instead."""
+    loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``), a
+    ``set_epoch`` of the loader's own, and the arguments PyTorch's keeps (``drop_last``,
+    ``collate_fn``, ...): each raises an ``AttributeError`` saying what to do instead."""
 
     dataset = _Refused()
     sampler = _Refused()
     batch_sampler = _Refused()
     set_epoch = _Refused()
+    drop_last = _Refused()
+    collate_fn = _Refused()
+    pin_memory = _Refused()
+    timeout = _Refused()
+    generator = _Refused()
+    prefetch_factor = _Refused()
+    persistent_workers = _Refused()
+    multiprocessing_context = _Refused()
+    in_order = _Refused()
+    pin_memory_device = _Refused()
 
 
 _STREAM_ORDER = ("a stream's order is its readers' (each reads its shards' epochs in turn: "

@@ -6,7 +6,7 @@ start method on macOS, and on Linux from Python 3.14), or deep-copied, it said o
 Example:
     >>> import pickle, jaxloader as jl
     >>> try:
-    ...     pickle.dumps(jl.DataLoader([1, 2, 3], batch_size=2))
+    ...     pickle.dumps(jl.DataLoader([1, 2, 3, 4], batch_size=2))
     ... except jl.JaxloaderError as e:
     ...     print(str(e)[:58])
     DataLoader does not pickle (it holds worker processes, thr

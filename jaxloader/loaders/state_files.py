@@ -63,7 +63,15 @@ def state_filename(loader: Any) -> str:
     """``process_{i}-of-{n}.json`` for this loader's process index and count; with
     ``.host{j}-of-{m}`` before ``.json`` where a loader of one process runs on each of several
     JAX processes (each host's over its own data: one file for all, the last writer's state
-    was restored on every host, some records skipped without a word; the multi-host audit)."""
+    was restored on every host, some records skipped without a word; the multi-host audit).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> from jaxloader.checkpoint import state_filename
+        >>> state_filename(jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+        ...                              process_index=1, process_count=2))
+        'process_1-of-2.json'
+    """
     check_loader(loader, "checkpoint.state_filename(loader)")
     host = ""
     if loader.process_count == 1 and jax_started():  # (JAX not asked before it runs: its
@@ -82,6 +90,21 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
     Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` and other remote directories
     work. Orbax makes the whole checkpoint appear at once (it renames its temporary directory
     when every item is written), so the file is written in place.
+
+    Example (no Orbax; ``read_state`` and ``restore_into`` read the state back):
+        >>> import os, tempfile, numpy as np, jaxloader as jl
+        >>> from jaxloader.checkpoint import read_state, restore_into, write_state
+        >>> def make():
+        ...     return jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+        ...                          process_index=0, process_count=1)
+        >>> loader, folder = make(), tempfile.mkdtemp()
+        >>> it = iter(loader); _ = next(it)
+        >>> write_state(folder, loader)
+        >>> os.listdir(folder), read_state(folder, loader)["step"]
+        (['process_0-of-1.json'], 1)
+        >>> again = make()
+        >>> restore_into(folder, again)["step"], next(iter(again))["x"].tolist()
+        (1, [2, 3])
     """
     check_loader(loader, "checkpoint.write_state(directory, loader)")
     state = loader.state_dict() if state is None else state
@@ -256,7 +279,10 @@ def _step_of(path: Any) -> int | None:
 
 
 def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
-    """Loads ``state`` (read from ``directory``) into ``loader``; returns it."""
+    """Loads ``state`` (read from ``directory``) into ``loader``; returns it: a refusal
+    (``StateDictError``) names the checkpoint. ``restore_into(directory, loader)`` is
+    ``apply_state(directory, loader, read_state(directory, loader))`` (``write_state``'s
+    example)."""
     try:
         loader.load_state_dict(state)
     except StateDictError as e:
@@ -265,7 +291,8 @@ def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
 
 
 def restore_into(directory: PathLike, loader: Any) -> dict:
-    """Reads the fitting state and loads it into ``loader``; returns the state."""
+    """Reads the fitting state and loads it into ``loader``; returns the state
+    (``write_state``'s example)."""
     return apply_state(directory, loader, read_state(directory, loader))
 
 

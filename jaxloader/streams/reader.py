@@ -106,10 +106,11 @@ class Stream:
             >>> path = os.path.join(tempfile.mkdtemp(), "lines.txt")
             >>> with open(path, "w") as f:
             ...     _ = f.write("first line\\nsecond\\n")
-            >>> reader = jl.Stream.text(path).reader(reader=0, readers=1)
-            >>> reader.reset(None); reader.next(), reader.next()
-            ('first line', 'second')
-            >>> reader.close()
+            >>> with jl.StreamLoader(jl.Stream.text(path), batch_size=2, num_epochs=1,
+            ...                      transforms=[jl.Map(lambda line: {"line": line})],
+            ...                      process_index=0, process_count=1) as loader:
+            ...     next(iter(loader))["line"].tolist()
+            ['first line', 'second']
         """
         shards = [TextShard(p, append_only=append_only)
                   for p in expand(paths, or_compressed(".txt"), "Stream.text")]
@@ -128,13 +129,15 @@ class Stream:
             >>> import io, os, tarfile, tempfile, jaxloader as jl
             >>> path = os.path.join(tempfile.mkdtemp(), "shard-0.tar")
             >>> with tarfile.open(path, "w") as tar:
-            ...     for name, data in (("a.jpg", b"\\xff\\xd8"), ("a.cls", b"7")):
+            ...     for name, data in (("a.jpg", b"\\xff\\xd8"), ("a.cls", b"7"),
+            ...                        ("b.jpg", b"\\xff\\xd9"), ("b.cls", b"3")):
             ...         info = tarfile.TarInfo(name); info.size = len(data)
             ...         tar.addfile(info, io.BytesIO(data))
-            >>> reader = jl.Stream.tar(path).reader(reader=0, readers=1)
-            >>> reader.reset(None); reader.next()
-            {'__key__': 'a', 'jpg': b'\\xff\\xd8', 'cls': b'7'}
-            >>> reader.close()
+            >>> with jl.StreamLoader(jl.Stream.tar(path), batch_size=2, num_epochs=1,
+            ...                      process_index=0, process_count=1) as loader:
+            ...     batch = next(iter(loader))
+            >>> batch["__key__"].tolist(), batch["cls"].tolist(), batch["jpg"][0]
+            (['a', 'b'], [b'7', b'3'], b'\\xff\\xd8')
         """
         shards = [TarShard(p, tolerate_missing_end=tolerate_missing_end, append_only=append_only)
                   for p in expand(paths, (*or_compressed(".tar"), ".tgz"), "Stream.tar")]

@@ -281,13 +281,16 @@ class JsonlShard(_LineShard):
     """A JSON value a line (``.jsonl``); blank lines are skipped. A list of numbers (or of
     such lists, of one length) becomes one NumPy array: a Python list is a pytree node, so
     ``"tokens": [5, 8, 13]`` would batch as 3 arrays of one number a record.
+    ``append_only=True`` accepts a file that grew since a state was saved (``FileShard``).
 
     Example:
         >>> import tempfile, os, jaxloader as jl
         >>> path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
-        >>> _ = open(path, "w").write('{"x": 1, "t": [5, 8]}\\n{"x": 2, "t": [1, 2]}\\n')
+        >>> with open(path, "w") as f:
+        ...     _ = f.write('{"x": 1, "t": [5, 8]}\\n{"x": 2, "t": [1, 2]}\\n')
         >>> shard = jl.JsonlShard(path); shard.reset(); shard.next()
         {'x': 1, 't': array([5, 8])}
+        >>> shard.close()
     """
 
     def _parse(self, raw: bytes) -> Any:
@@ -320,7 +323,8 @@ class JsonlShard(_LineShard):
 
 
 class TextShard(_LineShard):
-    """A line of text a record (``str``, without its line break).
+    """A line of text a record (``str``, without its line break). ``append_only=True``
+    accepts a file that grew since a state was saved (``FileShard``).
 
     Example:
         >>> import os, tempfile, jaxloader as jl
@@ -335,6 +339,7 @@ class TextShard(_LineShard):
         >>> again.reset(shard.get_state())  # resumes: a seek to the next line
         >>> again.next()
         'second'
+        >>> shard.close(); again.close()
     """
 
     def _parse(self, raw: bytes) -> Any:

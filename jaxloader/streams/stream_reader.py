@@ -21,7 +21,8 @@ fewer shards than readers is refused as the loader is made.
 Example:
     >>> from jaxloader.streams.iterable_shards import IterableShard
     >>> from jaxloader.streams.reader import Stream
-    >>> stream = Stream([IterableShard(lambda: range(3)), IterableShard(lambda: range(10, 13))])
+    >>> stream = Stream([IterableShard(lambda: range(3), name="a"),
+    ...                  IterableShard(lambda: range(10, 13), name="b")])
     >>> reader = StreamReader(stream, reader=0, readers=1)
     >>> reader.reset(None); sorted(reader.next() for _ in range(6))
     [0, 1, 2, 10, 11, 12]

@@ -81,6 +81,7 @@ class TarShard(FileShard):
         {'__key__': 'a', 'txt': b'cat', 'cls': b'0'}
         >>> shard.get_state()["offset"], shard.get_state()["records"]
         (2048, 1)
+        >>> shard.close()
     """
 
     _COUNTER, _PADDED = "records", True  # (its last KiB zeros in every tar: the tail its data's)
