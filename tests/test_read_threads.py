@@ -303,3 +303,56 @@ def test_a_packings_failed_read_names_no_other_record():
             list(loader)
     assert "(source index" not in str(info.value)  # (the source's third record (among those
     # the batch's rows read) is not the batch's third row)
+
+
+STUCK_READ = """
+import signal, sys, threading, time
+import numpy as np, jaxloader as jl
+
+stuck = threading.Event()  # never set: a read on a mount whose server went away
+
+
+class Src:
+    def __len__(self): return 100
+    def __getitem__(self, i):
+        if i >= 8:
+            stuck.wait()
+        return {"x": np.float32(i)}
+
+
+loader = jl.DataLoader(Src(), batch_size=4, read_threads=4, process_index=0, process_count=1)
+it = iter(loader); next(it); next(it)
+if sys.argv[1] == "close":  # a read under way as the loader closes
+    threading.Thread(target=next, args=(it,), daemon=True).start()
+    time.sleep(0.5)
+else:  # a Ctrl-C while next() waits for the stuck read
+    threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident,
+                                              signal.SIGINT)).start()
+    start = time.monotonic()
+    try:
+        next(it)
+    except KeyboardInterrupt:
+        print("interrupted in time:", time.monotonic() - start < 10, flush=True)
+loader.close()
+print("leaving", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "interrupt"])
+def test_a_read_that_never_returns_keeps_neither_a_ctrl_c_nor_the_exit_waiting(how, tmp_path):
+    # the read threads were a ThreadPoolExecutor's, which the interpreter joins as it exits:
+    # the process never ended after close(), and the first Ctrl-C waited for the read (the
+    # concurrency audit)
+    import subprocess
+    import sys
+
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_READ)
+    try:
+        done = subprocess.run([sys.executable, str(script), how], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the process did not end: {e.stdout!r} {e.stderr!r}")
+    assert done.returncode == 0 and "leaving" in done.stdout, done.stderr[-3000:]
+    if how == "interrupt":
+        assert "interrupted in time: True" in done.stdout, done.stdout

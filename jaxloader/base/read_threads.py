@@ -36,9 +36,11 @@ from __future__ import annotations
 import concurrent.futures as futures
 import itertools
 import os
+import sys
 import threading
 from typing import Any, Callable, Sequence, TypeVar, Union
 
+from jaxloader.base.daemon_pool import DaemonPool
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.source_locks import held, lending
 
@@ -46,7 +48,7 @@ T = TypeVar("T")
 Key = Union[int, tuple]  # a pool's: its count (a batch maker used by hand), or a loader's
 _STATE = threading.local()  # .count: this thread's batch's read threads, .key: their pool's;
 # .pooled: a pool thread
-_POOLS: dict[Key, futures.ThreadPoolExecutor] = {}  # key -> its pool, in this process
+_POOLS: dict[Key, DaemonPool] = {}  # key -> its pool, in this process
 _HOLDERS: dict[Key, int] = {}  # key -> the loaders of this process that read on its pool
 _TOKENS = itertools.count()
 _GUARD = threading.Lock()
@@ -100,10 +102,10 @@ def hold(n: Key) -> Callable[[], None]:
     return release
 
 
-def _let_go(pool: futures.ThreadPoolExecutor) -> None:
+def _let_go(pool: DaemonPool) -> None:
     """Ends ``pool``'s threads: idle ones at once; one under way once its read returns (a
-    ``close()`` does not wait for it)."""
-    pool.shutdown(wait=False)
+    ``close()`` does not wait for it, nor does the process's exit: daemon threads)."""
+    pool.shutdown()
 
 
 if hasattr(os, "register_at_fork"):
@@ -138,22 +140,23 @@ def _pooled() -> None:
     _STATE.pooled = True
 
 
-def _pool(n: Key) -> futures.ThreadPoolExecutor:
+def _pool(n: Key) -> DaemonPool:
     pool = _POOLS.get(n)
     if pool is None:
         with _GUARD:
             pool = _POOLS.get(n)
-            if pool is None:  # (left open: idle threads, woken and joined at the exit)
-                pool = _POOLS[n] = futures.ThreadPoolExecutor(
-                    n if isinstance(n, int) else n[0], thread_name_prefix="jaxloader-read",
-                    initializer=_pooled)
+            if pool is None:  # (left open: idle daemon threads, which end with the process)
+                pool = _POOLS[n] = DaemonPool(n if isinstance(n, int) else n[0],
+                                              "jaxloader-read", initializer=_pooled)
     return pool
 
 
 class Reads:
     """``read(item)`` of each of ``items``, in flight on ``n`` threads; ``reads[j]`` waits for
     the ``j``-th (raising what it raised). ``close()`` cancels those not started and waits for
-    the rest: call it before the source may be read by anyone else."""
+    the rest: call it before the source may be read by anyone else. Called as a Ctrl-C (or
+    ``sys.exit``) unwinds past, it leaves those under way to end on their own: a read that
+    never returns made the first Ctrl-C wait for it, for good."""
 
     def __init__(self, read: Callable[[Any], Any], items: Sequence[Any], n: Key) -> None:
         self._futures: list[futures.Future] = []
@@ -177,7 +180,8 @@ class Reads:
             f.cancel()
         # (a cancelled read counts as done for wait() only once a pool thread takes it from
         # the queue: with every thread waiting for a lock this thread holds, never)
-        futures.wait([f for f in self._futures if not f.cancelled()])
+        if not isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)):
+            futures.wait([f for f in self._futures if not f.cancelled()])
         if not _KEPT[0] and not _HOLDERS.get(self._n):  # (no loader holds it: none stays)
             with _GUARD:
                 pool = None if _HOLDERS.get(self._n) else _POOLS.pop(self._n, None)
