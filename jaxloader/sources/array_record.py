@@ -33,6 +33,7 @@ from jaxloader.base import file_identity
 from jaxloader.base.checks import int_indices, record_index
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.loader_names import loader_names
+from jaxloader.base.source_locks import OwnLock
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand, files_fingerprints
 
@@ -62,6 +63,7 @@ class ArrayRecordSource:
                             else [0] for path in self.paths]  # (its writer's zeros at its end)
         self._stats = [_stat(path) for path in self.paths]
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
+        self._reading = OwnLock()  # (see _read)
 
     def __getstate__(self) -> dict:
         return {"paths": self.paths, "starts": self._starts, "identities": self._identities,
@@ -72,6 +74,7 @@ class ArrayRecordSource:
         self._identities = state["identities"]
         self._stats = state.get("stats") or [None] * len(self.paths)
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
+        self._reading = OwnLock()
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
         """Each local file's path and identity (``jaxloader.base.file_identity.whole``), as read
@@ -80,7 +83,8 @@ class ArrayRecordSource:
 
     def close(self) -> None:
         """Closes the readers this process has open (a later read opens them again)."""
-        self._readers.close()
+        with self._reading:
+            self._readers.close()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -120,7 +124,13 @@ class ArrayRecordSource:
         """Records ``records`` of file ``k``; an error naming the file where it changed or
         cannot be read. A stat after the read (one a file a read: a round trip on a network
         file system) finds a file changed since the last read or during this one: refused if
-        its identity changed, else (a copy put in its place) read again, once."""
+        its identity changed, else (a copy put in its place) read again, once. A thread at a
+        time (``read_threads`` over a wrapper's ``source[i]``): one thread's open closed the
+        least recently used reader as another read through it ("Object closed")."""
+        with self._reading:
+            return self._read_now(k, records, again)
+
+    def _read_now(self, k: int, records: list[int], again: bool) -> list[bytes]:
         reader = self._reader(k)
         path = self.paths[k]
         try:
@@ -128,7 +138,7 @@ class ArrayRecordSource:
         except (RuntimeError, OSError, ValueError) as e:  # (Riegeli's: "Corrupted ... file")
             if again and self._stats[k] is not None and _stat(path) != self._stats[k]:
                 self._check(k)  # (rewritten as it was read: named as changed)
-                return self._read(k, records, again=False)
+                return self._read_now(k, records, again=False)
             shown = ", ".join(map(str, records[:4])) + (", ..." if len(records) > 4 else "")
             raise RecordError(
                 f"ArrayRecordSource: file {path!r}, records [{shown}] of it: cannot be read "
@@ -137,7 +147,7 @@ class ArrayRecordSource:
         if self._stats[k] is not None and _stat(path) != self._stats[k]:
             self._check(k)  # (written before or as it was read: records of the new file)
             if again:
-                return self._read(k, records, again=False)
+                return self._read_now(k, records, again=False)
         return got
 
     def _reader(self, k: int) -> Any:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import threading
 from typing import Any, Callable, Hashable
 
 from jaxloader.runtime.descriptors import descriptor_share
@@ -20,8 +21,9 @@ from jaxloader.runtime.worker_info import get_worker_info
 
 # In a worker: every source's open handles, least recently used first. Not in the training
 # process, where two threads may read two sources at once (one would close the other's file
-# as it reads): a worker reads one record at a time.
+# as it reads). A worker's read threads (read_threads=) may add to it at once: under _GUARD.
 _EVERY: "collections.OrderedDict[tuple[int, Hashable], OpenFiles]" = collections.OrderedDict()
+_GUARD = threading.RLock()
 
 
 def worker_budget() -> int:
@@ -42,8 +44,9 @@ class OpenFiles:
         handle = self._open.get(key)
         if handle is not None:
             self._open.move_to_end(key)
-            if (id(self), key) in _EVERY:
-                _EVERY.move_to_end((id(self), key))
+            with _GUARD:
+                if (id(self), key) in _EVERY:
+                    _EVERY.move_to_end((id(self), key))
         return handle
 
     def add(self, key: Hashable, handle: Any) -> Any:
@@ -53,16 +56,18 @@ class OpenFiles:
         while len(self._open) > self._limit:
             self.drop(next(iter(self._open)))
         if get_worker_info() is not None:
-            _EVERY[(id(self), key)] = self
             most = worker_budget()
-            while len(_EVERY) > most:
-                (_, oldest), owner = next(iter(_EVERY.items()))
-                owner.drop(oldest)
+            with _GUARD:
+                _EVERY[(id(self), key)] = self
+                while len(_EVERY) > most:
+                    (_, oldest), owner = next(iter(_EVERY.items()))
+                    owner.drop(oldest)
         return handle
 
     def drop(self, key: Hashable) -> None:
         """Closes ``key``'s handle, if open."""
-        _EVERY.pop((id(self), key), None)
+        with _GUARD:
+            _EVERY.pop((id(self), key), None)
         handle = self._open.pop(key, None)
         if handle is not None:
             self._close(handle)

@@ -184,3 +184,29 @@ def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
     assert src[-1] == src[2] and src[-3] == src[0]
     with pytest.raises(IndexError, match=r"ArrayRecordSource: index -4 out of range"):
         src[-4]
+
+
+class OneByOne:
+    """A user's wrapper reading its records one at a time (``source[i]``): on read threads."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        return parse(self.source[i])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_records_read_on_many_threads_over_more_files_than_it_keeps_open(tmp_path, num_workers):
+    # one thread's open closed the least recently used reader while another read through it:
+    # "Object closed", told as a damaged file (the concurrency audit)
+    src = jl.ArrayRecordSource(write(tmp_path, counts=(5,) * 40))  # (16 readers kept open)
+    with jl.DataLoader(OneByOne(src), batch_size=50, shuffle=True, seed=0, read_threads=16,
+                       num_epochs=8, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        firsts = [batch["x"][:, 0] for batch in loader]
+    assert len(firsts) == 32 and all(sorted(np.concatenate(firsts[e * 4:e * 4 + 4]).tolist())
+                                     == list(range(200)) for e in range(8))
