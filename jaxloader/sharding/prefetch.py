@@ -221,9 +221,10 @@ class HostPrefetcher:
     def close(self, until_gone: bool = False, by: float | None = None) -> bool:
         """Stops the thread (after the batch it is making) and waits for it, at most
         ``_JOIN_TIMEOUT_S`` (or until ``time.monotonic()`` is ``by``, or ``until_gone``);
-        whether it is gone. Idempotent."""
+        whether it is gone. Idempotent. In a forked child the thread is not there: none to wait
+        for (an iter() there waited for good on a copy of the parent's)."""
         self.stop()
-        if not self._launched:
+        if not self._launched or os.getpid() != self.owner:
             return True
         if self._thread is threading.current_thread():
             return False

@@ -400,6 +400,30 @@ for in_thread in (False, True):
     assert done.stdout.split("\n")[:2] == ["7 1", "7 1"], done.stderr
 
 
+def test_a_forked_child_makes_its_own_run_of_a_loader_whose_parent_has_a_device_put_thread():
+    # iter() and load_state_dict() in the child waited for good for the parent's thread to
+    # end (its copy kept the parent's thread's ident): an evaluation in a fork pool (the
+    # concurrency audit)
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))!r})
+import numpy as np, jax, jaxloader as jl
+loader = jl.DataLoader([{{"x": np.float32(i)}} for i in range(20)], batch_size=4,
+                       sharding=jax.devices()[0], process_index=0, process_count=1)
+next(iter(loader))
+state = loader.state_dict()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # (the hang: killed by SIGALRM)
+    loader.load_state_dict(state)
+    os._exit(10 + sum(1 for _ in loader))
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), sum(1 for _ in loader))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True,
+                          text=True, timeout=90)
+    assert done.stdout.split("\n")[0] == "14 4", (done.stdout, done.stderr[-3000:])
+
+
 def test_a_get_waiting_as_the_thread_is_stopped_is_told_not_left_waiting():
     # close() or load_state_dict() from another thread stopped the thread at a stop check,
     # with nothing put: a next() waiting for its batch waited for good (no permit here: the
