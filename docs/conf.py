@@ -55,7 +55,7 @@ html_static_path: list[str] = []
 # a named tuple's __new__ (its fields are listed), and the __init__ of a class a user is given
 # and never makes (the iterator) or only subclasses (a Protocol's, typing's stand-in).
 _INTERNAL = {"block_starts", "check_alike", "check_extra_state", "check_mapped", "check_order",
-             "check_phases", "describe", "engine", "extra_state", "file_identities", "fresh",
+             "check_phases", "compared_settings", "describe", "engine", "extra_state", "file_identities", "fresh",
              "gather_columns", "label", "locate", "older_fingerprints", "reader",
              "record_origin", "run", "settings", "split", "stop_work", "__new__"}
 _NOT_MADE = {"LoaderIterator.__init__", "_no_init_or_replace_init"}

@@ -167,6 +167,14 @@ class PackedSource:
                         repr((self.keys, self.row_length.tolist(), sorted(self.config.items()),
                               *padding)), np.ascontiguousarray(self._lengths).tobytes())
 
+    def compared_settings(self) -> dict[str, str]:
+        """Its settings by name, compared exactly by a run's processes (its fingerprint, a
+        digest, only warned of: a ``length`` of its own on a host hung the first collective)."""
+        settings = {"keys": self.keys, "length": self.row_length.tolist(), **self.config,
+                    "value": fills_said(self._fills)}
+        return {name: value if isinstance(value, str) else repr(value)
+                for name, value in settings.items()}
+
     def __len__(self) -> int:
         return self.plan.rows
 

@@ -303,7 +303,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
             {**make_state(self._sampler, start, self._source_fingerprint(), named),
              "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
-                                              else {}), **exact_settings(named),
+                                              else {}), **exact_settings(named, self._source),
              **({"mask_key": self._options.mask_key} if self._sampler.last_batch == "pad"
                 else {}),
              **({"meshes": put.meshes()} if put is not None else {})},

@@ -24,6 +24,7 @@ from jaxloader.base.difference import differ
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest
+from jaxloader.sources.parts import walk
 
 
 def transforms_of(transforms: Sequence[Any]) -> list[str]:
@@ -105,13 +106,19 @@ def compared_transforms(named: list[str]) -> list[str]:
     return [" ".join(_kind_and_digest(n)) for n in named]
 
 
-def exact_settings(compared: list[str]) -> dict[str, str]:
+def exact_settings(compared: list[str], source: Any = None) -> dict[str, str]:
     """Of ``compared_transforms``, each ``Pad``'s settings, by its order among the Pads (a
-    ``Map`` more on one process is a digest's difference, warned of): refused where the
-    processes differ (a code digest, which may differ over the same code, is only warned of;
-    a Pad's length, another on each host, gave each a global batch of its own shape)."""
+    ``Map`` more on one process is a digest's difference, warned of), and each packing's in
+    ``source`` (a ``PackedSource``'s ``compared_settings``, among its parts too): refused where
+    the processes differ (a code digest, which may differ over the same code, is only warned
+    of; a Pad's or a packing's length, another on each host, gave each a global batch of its
+    own shape, and another packing seed read documents twice in a global batch)."""
     pads = [t[4:] for t in compared if t.startswith("Pad ")]
-    return {f"pads[{k}]": pad for k, pad in enumerate(pads)}
+    packings = [part.compared_settings() for part in walk(source)
+                if callable(getattr(type(part), "compared_settings", None))]
+    return {**{f"pads[{k}]": pad for k, pad in enumerate(pads)},
+            **{f"packed[{k}].{name}": value for k, settings in enumerate(packings)
+               for name, value in settings.items()}}
 
 
 def warn_changed_transforms(saved: Any, now: list[str], step: int,

@@ -351,6 +351,31 @@ def test_a_pad_of_another_length_on_another_process_is_refused_naming_it(monkeyp
             next(it)
 
 
+@pytest.mark.parametrize("setting", [{"length": 13}, {"seed": 1}, {"method": "first_fit"}])
+def test_a_packing_made_otherwise_on_another_process_is_refused_naming_the_setting(
+        monkeypatch, setting):
+    # only warned of, as the source's fingerprint: another length made each host a global
+    # batch of its own shape (the first collective waited for good), another seed or method
+    # read documents twice in a global batch and others never (the multi-host audit)
+    store, me = Store(), [0]
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, me[0]))
+    docs = jl.RaggedSource.from_sequences({"x": [list(range(i * 10, i * 10 + 6))
+                                                 for i in range(80)]})
+    its = []
+    for index in (1, 0):
+        options = {"length": 12, **(setting if index else {})}
+        packed = jl.PackedSource(docs, "x", options.pop("length"), **options)
+        data = jl.DataLoader(jl.FilteredSource(packed, indices=np.arange(40)), batch_size=2,
+                             process_index=index, process_count=2)
+        data._pairing.name = f"DataLoader-packed-{setting}"
+        me[0] = index
+        its.append(iter(data))
+    name, value = next(iter(setting.items()))
+    with pytest.raises(jl.ConfigError, match=rf"packed\[0\]\.{name}: process 1 has "
+                                              rf"'?\[?{value}.*each PackedSource made alike"):
+        next(its[1])
+
+
 class _Tokenizer:  # (a callable object: its repr holds its address, another in each process)
     def __call__(self, record):
         return record
