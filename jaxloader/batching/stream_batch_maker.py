@@ -43,7 +43,7 @@ from jaxloader.base.timings import COLLATE, LOOP, SAMPLE, StageClock
 from jaxloader.base.tree import RecordNames
 from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
-from jaxloader.streams.origins import described
+from jaxloader.streams.origins import batch_start, described, rerun
 from jaxloader.streams.packed import PackedStream
 from jaxloader.batching.pad import pad_records, split_pad
 from jaxloader.batching.record_transforms import DROPPED, RecordTransforms
@@ -299,6 +299,8 @@ class StreamBatchMaker:
         live, before = self._reader, self._before
         if not reads or live is None or before is None:
             return ""
+        if rerun(self.stream.shards, before):  # (its generators would run anew, long)
+            return batch_start(live.reader, before)
 
         def replay() -> str | None:
             assert live is not None and before is not None

@@ -30,7 +30,7 @@ from jaxloader.base.errors import ArgumentError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.stream_runs import overlaid
 from jaxloader.streams import passes
-from jaxloader.streams.origins import described
+from jaxloader.streams.origins import described, rerun
 
 T = TypeVar("T")
 
@@ -43,12 +43,14 @@ def pristine(maker: T) -> T:
         raise _uncopyable(e, maker) from e
 
 
-def at_step(loader: Any, use: Callable[[Any, int], T], step: int | None = None) -> T | None:
+def at_step(loader: Any, use: Callable[[Any, int], T], step: int | None = None,
+            unless: Callable[[Any], bool] | None = None) -> T | None:
     """``use(maker, step)``, ``maker`` a copy of ``loader``'s (a ``StreamLoader``'s) pristine
     maker hosting step ``step``'s reader at its state before it (in the pass ``next()`` is in,
     or the one ``iter()`` starts), its shards its own (the running reader's stay put) and
     closed after; ``step``: the next batch handed out, or one before it whose states are still
-    kept (``None`` returned for one filed past, 64 batches back or more, or not yet made)."""
+    kept (``None`` returned for one filed past, 64 batches back or more, or not yet made, or
+    where ``unless(the reader's state)`` says not to read it)."""
     with loader._filing:  # (the step, the states and the pass read together)
         now = loader._progress.step
         step = now if step is None else step
@@ -57,10 +59,12 @@ def at_step(loader: Any, use: Callable[[Any, int], T], step: int | None = None) 
         states = [copied(s) for s in overlaid(loader._base, loader._base_step, loader._reports,
                                                step)]
         until, ended = loader._until, loader._ended
-    maker = copy.deepcopy(loader._pristine)
     if loader.num_epochs is not None:
         states = passes.stopping_at(states, passes.pass_of(
             states, until, ended, loader.num_epochs, loader.process_count))
+    if unless is not None and unless(states[step % loader._readers]):
+        return None
+    maker = copy.deepcopy(loader._pristine)
     try:
         maker.reset(states[step % loader._readers])
         return use(maker, step)
@@ -79,8 +83,9 @@ def where_of(loader: Any) -> Callable[[int], str]:
 
     def where(step: int) -> str:
         live = ref()
-        return location(step) + ("" if live is None else described(
-            lambda: at_step(live, lambda maker, at: maker.first_origin(at), step)))
+        return location(step) + ("" if live is None else described(lambda: at_step(
+            live, lambda maker, at: maker.first_origin(at), step,
+            lambda state: rerun(live._stream.shards, state))))
     return where
 
 

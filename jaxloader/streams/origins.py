@@ -5,7 +5,11 @@ A reader keeps no origin per record. It keeps, per window, where the window star
 it crossed into another shard (``Segments``); a message reads the shard again from there to
 name the record's place (a line, a record count, or the shard's state after it). A loader's batch
 maker likewise keeps its reader's state before each batch, and reads the batch again up to a
-record that failed (``described``). Nothing is done for a record that raises no error.
+record that failed (``described``). Nothing is done for a record that raises no error. A
+generator's shard (an ``IterableShard``, under a ``Stream.map`` too) resumes by running its
+generator anew and reading up to the place: a window's record is counted instead, and a
+batch is read again only while its generators' records to read again are few (``rerun``),
+else its start is said: a simulator's error came minutes late after hours of training.
 
 Example:
     >>> from jaxloader.streams.iterable_shards import IterableShard
@@ -22,6 +26,8 @@ from typing import Any, Callable, Sequence
 from jaxloader.base.abilities import close_of
 from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, RecordError
 from jaxloader.base.state_copy import copied
+from jaxloader.streams.iterable_shards import IterableShard
+from jaxloader.streams.shard_state import innermost
 
 _COUNTS = (("line", "line"), ("records", "record"), ("consumed", "record"))
 
@@ -36,6 +42,9 @@ class Segments(list):
         read again from its run's start."""
         at, state, first = next(s for s in reversed(self) if s[2] <= index)
         shard = copy.copy(shards[mine[at]])
+        if rerun([shard]):  # (the place by its records' count: no generator run again)
+            return named(shard.name, {"consumed": (state or {}).get("consumed", 0) + index
+                                      - first + 1})
         try:
             shard.reset(state if state is None else copied(state))  # (it may keep, change it)
             for _ in range(index - first + 1):
@@ -45,6 +54,38 @@ class Segments(list):
             close_of(shard)
         key = record.get("__key__") if isinstance(record, dict) else None  # (a tar's sample)
         return named(shard.name, after) + (f", key {key!r}" if isinstance(key, str) else "")
+
+
+RERUN_MAX = 10_000  # a generator's records a message reads again at most
+
+
+def rerun(shards: Sequence[Any], state: Any = None) -> bool:
+    """Whether reading ``shards`` again from ``state`` (a reader's; ``None``: from anywhere)
+    runs generators anew over more than ``RERUN_MAX`` records (an ``IterableShard`` reads its
+    records again up to its state, O(n) in them)."""
+    if not any(isinstance(innermost(shard), IterableShard) for shard in shards):
+        return False
+    return state is None or _consumed(state) > RERUN_MAX
+
+
+def _consumed(state: Any) -> int:
+    """The ``"consumed"`` counts in a reader's ``state`` (its shards', its components')."""
+    if isinstance(state, dict):
+        return sum(v if k == "consumed" and type(v) is int else _consumed(v)
+                   for k, v in state.items())
+    return sum(map(_consumed, state)) if isinstance(state, (list, tuple)) else 0
+
+
+def batch_start(reader: int, before: Any) -> str:
+    """`` (...)`` naming where reader ``reader``'s batch began (its state ``before`` it), for
+    a record of a stream whose shards are not read again to name its place (``rerun``)."""
+    if isinstance(before, dict) and "shard" in before:
+        start = (f"epoch {before.get('epoch')}, its shard {before['shard']} at "
+                 f"{before.get('shard_state')!r:.80}")
+    else:  # (a mixture's: its components' states)
+        start = f"{before!r:.160}"
+    return (f" (reader {reader}'s batch began at {start}; not read again to name the record: "
+            "the generators would run anew)")
 
 
 def last_origin(reader: Any) -> str | None:

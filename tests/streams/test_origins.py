@@ -3,6 +3,8 @@ window, reader, component, filter or restore it came through."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,22 @@ def test_a_batch_of_other_leaves_than_the_first_names_both_batches_first_shards(
     firsts = [f"(its first record: {p} line 1)" for p in paths]
     assert "'txt'" in message and "against the first batch, stream step 0" in message, message
     assert sum(f in message for f in firsts) == 2 and firsts[2] in message, message
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_record_after_many_of_a_generator_is_named_without_running_it_again(workers):
+    # the message read the batch again from its state: the generator made anew and 12,000
+    # records made again to name the place (a simulator's error came minutes late after
+    # hours of training; a queue's generator, drained, waited for good: the streams audit)
+    made = []
+
+    def simulate(shard):
+        made.append(shard)
+        return ({"id": i} for i in itertools.count())
+    loader = jl.StreamLoader(jl.Stream.from_generator(simulate, 1), batch_size=100, seed=0,
+                             num_workers=workers, transforms=[jl.Map(failing_at(12_345))])
+    message = error_of(loader, steps=200)
+    assert "row 45 (reader 0's batch began at epoch 0, its shard 0 at {'consumed': 12299}; " \
+           "not read again to name the record" in message, message
+    if not workers:  # (made in this process: counted here)
+        assert made == [0], made
