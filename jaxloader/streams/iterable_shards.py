@@ -64,29 +64,35 @@ def generator_shards(make: Callable[[int], Iterable], shards: Int) -> list["Iter
             f"{signature} does not take the shard number; pass a function of it, such as "
             f"lambda shard: {name}() for one shard (tf.data's from_generator calls it "
             "without one)")
-    held = functools.partial(  # (a state warns of another: the records' function, its
-        make, *(getattr(make, "__defaults__", None) or ()),  # closure and its defaults, def
-        **(getattr(make, "__kwdefaults__", None) or {}))  # read(i, files=FILES); the partial
-    # holds them, as it did before code_digest took defaults; and as older versions took it:
-    # ``codes_of(before=)``)
-    code = code_digest(held, defaults=False)[:16]
-    before = _OlderCodes(held)  # (one for all shards: digested at a restore that needs them)
+    code = code_digest(_held(make), defaults=False)[:16]
+    before = _OlderCodes(make)  # (one for all shards: digested at a restore that needs them)
     return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code, code_before=before)
             for i in range(shards)]
+
+
+def _held(make: Callable) -> functools.partial:
+    """``make`` with its defaults bound, as digested (a state warns of another: the records'
+    function, its closure and its defaults, def read(i, files=FILES); the partial holds them,
+    as it did before code_digest took defaults, and as older versions took it)."""
+    return functools.partial(make, *(getattr(make, "__defaults__", None) or ()),
+                             **(getattr(make, "__kwdefaults__", None) or {}))
 
 
 class _OlderCodes:
     """A generator function's digests as older versions took them (``codes_of(before=)``),
     made when a restore first compares an older state's (a state of this version needs
-    none): three digests cost a ``Stream.from_generator`` three times its own."""
+    none): three digests cost a ``Stream.from_generator`` three times its own. It holds the
+    function, as the shards do, not its defaults bound: a module's function copies and
+    pickles by its name, where a default holding a lock or a queue could not be copied."""
 
-    def __init__(self, held: Any) -> None:
-        self.held = held
+    def __init__(self, make: Callable) -> None:
+        self.make = make
         self._codes: tuple[str, ...] | None = None
 
     def __call__(self) -> tuple[str, ...]:
         if self._codes is None:
-            self._codes = tuple(code_digest(self.held, defaults=False, methods=False, **form)[:16]
+            held = _held(self.make)
+            self._codes = tuple(code_digest(held, defaults=False, methods=False, **form)[:16]
                                 for form in OLDER_FORMS[:3])
         return self._codes
 

@@ -153,6 +153,25 @@ def test_from_generator_refuses_a_generator_object_when_the_stream_is_made():
     assert read_all(jl.Stream.from_generator(numbers, shards=2).shards[1]) == [10, 11, 12]
 
 
+_LOCK = threading.Lock()
+
+
+def _guarded(shard, lock=_LOCK):  # (a module's function: copied and pickled by its name)
+    for t in range(4):
+        with lock:
+            yield {"t": np.int64(shard * 10 + t)}
+
+
+def test_a_module_generator_whose_default_holds_a_lock_is_read():
+    # its digests of older forms held the function with its defaults bound, copied with each
+    # shard: "cannot copy the shard _guarded[0]: cannot pickle '_thread.lock'" (the streams
+    # audit; workers would pickle it by its name, but the tests' modules go by value)
+    with jl.StreamLoader(jl.Stream.from_generator(_guarded, 2), batch_size=2, num_epochs=1,
+                         process_index=0, process_count=1) as loader:
+        got = sorted(int(t) for batch in loader for t in batch["t"])
+    assert got == [0, 1, 2, 3, 10, 11, 12, 13]
+
+
 def test_from_generator_refuses_a_function_of_no_shard_number():
     # tf.data's from_generator(gen) calls gen(): a bare "gen() takes 0 positional arguments but
     # 1 was given" at the first read, naming no shard
