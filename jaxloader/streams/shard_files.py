@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import Any
 
@@ -125,11 +126,14 @@ def _maker(shard: Any) -> str:
         type(shard).__name__, "Stream.jsonl")
 
 
-def prefix_head(shard: Any, size: int) -> int:
+def prefix_head(shard: Any, size: int, fd: int | None = None) -> int:
     """The head of ``shard``'s identity as it was when the file had ``size`` bytes, read from
-    the file as it is now: its first KiB (a plain file's first ``size`` bytes, if fewer)."""
+    the file as it is now: its first KiB (a plain file's first ``size`` bytes, if fewer); from
+    the open file ``fd`` where given (its path may name another file now: a log rotated)."""
     if shard._size_known is None:  # (compressed: the first KiB of what it holds, as opened)
         return shard._identity["head"]
+    if fd is not None:
+        return zlib.crc32(os.pread(fd, min(size, file_identity.ENDS_BYTES), 0))
     with file_identity.open_binary(shard.path) as raw:
         return _head(raw, min(size, file_identity.ENDS_BYTES))
 

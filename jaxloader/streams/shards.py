@@ -170,7 +170,7 @@ class FileShard:
         if now.st_mtime_ns == self._mtime:
             return
         if self.append_only and now.st_size >= self._file.tell() and prefix_head(
-                self, self._identity["size"]) == self._identity["head"]:
+                self, self._identity["size"], self._file.fileno()) == self._identity["head"]:
             self._mtime = now.st_mtime_ns  # (records appended: read on)
             return
         raise RecordError(

@@ -1266,3 +1266,28 @@ def test_a_forked_child_reading_its_copy_of_a_stream_leaves_the_parents_reads_al
         os.waitpid(child, 0)  # the fork, not where these reads moved it)
     assert got == want
     assert json.loads((tmp_path / "child.json").read_text()) == want[3:15]
+
+
+def test_a_log_rotated_while_read_is_read_to_its_end_then_the_new_file(tmp_path):
+    # logrotate's create mode: the file renamed away and a new one made at its path while a
+    # reader holds the old one open, which only grew; the check of its first KiB read the path,
+    # the new file, and stopped the loader with "modified while read" (the streams audit)
+    path = tmp_path / "log.jsonl"
+
+    def write(p, numbers, mode):
+        with open(p, mode) as f:
+            f.writelines(json.dumps({"i": i}) + "\n" for i in numbers)
+    write(path, range(10), "w")
+    with jl.StreamLoader(jl.Stream.jsonl(str(path), append_only=True), batch_size=2,
+                         process_index=0, process_count=1) as loader:
+        it, got = iter(loader), []
+        for k in range(9):
+            if k == 2:
+                with open(path, "a") as held:  # (the writer, still appending to the old file)
+                    held.write('{"i": 10}\n')
+                    held.flush()
+                    os.rename(path, str(path) + ".1")
+                    write(path, range(100, 103), "w")
+                    held.write('{"i": 11}\n')
+            got.extend(next(it)["i"].tolist())
+    assert got[:12] == list(range(12)) and sorted(got[12:]) == [100, 100, 101, 101, 102, 102]
