@@ -46,8 +46,10 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
                     found["tail"] = file_identity.data_tail(raw, found["size"])
         reader = decompressed(raw, shard.path)
         if reader is not raw:
-            try:
-                found["head"] = _head(reader, file_identity.ENDS_BYTES)
+            try:  # (its first KiB kept: a file that held less when a state was saved)
+                shard._opened_start = reader.read(file_identity.ENDS_BYTES)
+                reader.seek(0)
+                found["head"] = zlib.crc32(shard._opened_start)
             except Exception as e:  # (cut short or corrupt: EOFError, LZMAError, zlib.error,
                 try:  # BadGzipFile and bz2's "Invalid data stream", which are OSErrors)
                     reader.close()
@@ -83,7 +85,7 @@ def check_unchanged(shard: Any, state: dict) -> None:
     # it only grew if it starts as it did (its old end may be rewritten: a tar's marker; a
     # tar appended to in place keeps its size in its padding's room)
     grew = "size" in then and now["size"] >= then["size"] and (
-        "head" not in then or prefix_head(shard, then["size"]) == then["head"])
+        "head" not in then or starts_as(shard, then["size"], then["head"]))
     if shard.append_only and grew:
         return
     if grew and now["size"] > then["size"] and getattr(shard, "_compressed", False):
@@ -126,16 +128,25 @@ def _maker(shard: Any) -> str:
         type(shard).__name__, "Stream.jsonl")
 
 
-def prefix_head(shard: Any, size: int, fd: int | None = None) -> int:
-    """The head of ``shard``'s identity as it was when the file had ``size`` bytes, read from
-    the file as it is now: its first KiB (a plain file's first ``size`` bytes, if fewer); from
-    the open file ``fd`` where given (its path may name another file now: a log rotated)."""
+def starts_as(shard: Any, size: int, head: int, fd: int | None = None) -> bool:
+    """Whether ``shard``'s file as it is now starts as it did when it had ``size`` bytes and
+    ``head`` was its identity's head: its first KiB (a plain file's first ``size`` bytes, if
+    fewer), read from the open file ``fd`` where given (its path may name another file now: a
+    log rotated). A compressed file's size is of its compressed bytes: a head of fewer than a
+    KiB of what it held is found among the prefixes of what it holds now, as opened."""
     if shard._size_known is None:  # (compressed: the first KiB of what it holds, as opened)
-        return shard._identity["head"]
+        start, crc = getattr(shard, "_opened_start", b""), 0
+        if shard._identity["head"] == head or head == crc:
+            return True
+        for k in range(len(start)):
+            crc = zlib.crc32(start[k:k + 1], crc)
+            if crc == head:
+                return True
+        return False
     if fd is not None:
-        return zlib.crc32(os.pread(fd, min(size, file_identity.ENDS_BYTES), 0))
+        return zlib.crc32(os.pread(fd, min(size, file_identity.ENDS_BYTES), 0)) == head
     with file_identity.open_binary(shard.path) as raw:
-        return _head(raw, min(size, file_identity.ENDS_BYTES))
+        return _head(raw, min(size, file_identity.ENDS_BYTES)) == head
 
 
 def _head(reader: Any, count: int) -> int:

@@ -28,7 +28,7 @@ from jaxloader.base.errors import (ConfigError, JaxloaderWarning, RecordError, S
                                    closed_on_failure, user_stacklevel)
 from jaxloader.base.loader_names import loader_names
 from jaxloader.streams.json_values import numbers_as_arrays
-from jaxloader.streams.shard_files import check_unchanged, open_file, prefix_head, unreadable
+from jaxloader.streams.shard_files import check_unchanged, open_file, starts_as, unreadable
 
 @runtime_checkable
 class Shard(Protocol):
@@ -169,8 +169,8 @@ class FileShard:
             return
         if now.st_mtime_ns == self._mtime:
             return
-        if self.append_only and now.st_size >= self._file.tell() and prefix_head(
-                self, self._identity["size"], self._file.fileno()) == self._identity["head"]:
+        if self.append_only and now.st_size >= self._file.tell() and starts_as(
+                self, self._identity["size"], self._identity["head"], self._file.fileno()):
             self._mtime = now.st_mtime_ns  # (records appended: read on)
             return
         raise RecordError(
