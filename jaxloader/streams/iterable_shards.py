@@ -20,7 +20,8 @@ from jaxloader.base.loader_names import loader_names
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.checks import (Int, callable_name, check_int, check_one_argument,
                                    refused_call)
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
+from jaxloader.base.errors import (ConfigError, JaxloaderWarning, RecordError, StateDictError,
+                                   user_stacklevel)
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
 from jaxloader.streams.shard_state import innermost
 from jaxloader.streams.shards import state_ints
@@ -220,8 +221,14 @@ class IterableShard:
                     f"IterableShard {self.name}: the state says {skip} records were read, but "
                     f"it ends after {self._consumed}; it must make the same records each time"
                 ) from None
+            except Exception as e:
+                raise RecordError(
+                    f"IterableShard {self.name}: its generator raised {type(e).__name__} at "
+                    f"record {done + 1:,} of the {skip:,} it reads again to resume (it cannot "
+                    f"skip them): {e}") from e
             self._consumed += 1
-            if done & 1023 == 1023 and time.monotonic() > told:  # (a resume of hours: seen)
+            if done & 15 == 15 and time.monotonic() > told:  # (a resume of hours: seen; a
+                # record a second: its first word after 16 s, not 17 minutes)
                 told += _TELL_S
                 log.warning("IterableShard %s: resuming by reading its records again up to "
                             "the saved position (it cannot skip them): %s of %s", self.name,

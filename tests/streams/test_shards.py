@@ -1291,3 +1291,27 @@ def test_a_log_rotated_while_read_is_read_to_its_end_then_the_new_file(tmp_path)
                     held.write('{"i": 11}\n')
             got.extend(next(it)["i"].tolist())
     assert got[:12] == list(range(12)) and sorted(got[12:]) == [100, 100, 101, 101, 102, 102]
+
+
+def test_a_generator_that_raises_as_it_is_read_again_to_resume_names_how_far_it_came():
+    # "raised OSError as it was opened (its reset(state))", naming no place in the records it
+    # skips (the streams audit)
+    runs = []
+
+    def simulate(shard):
+        runs.append(shard)
+        for t in range(1000):
+            if len(runs) > 1 and t == 50:
+                raise OSError("simulator crashed")
+            yield {"t": np.int64(t)}
+    stream = jl.Stream.from_generator(simulate, 1)
+    with jl.StreamLoader(stream, batch_size=10, process_index=0, process_count=1) as first:
+        it = iter(first)
+        for _ in range(8):
+            next(it)
+        state = first.state_dict()
+    with pytest.raises(jl.RecordError, match=r"simulate\[0\]: its generator raised OSError at "
+                                             r"record 51 of the 79 it reads again to resume.*"
+                                             r"simulator crashed"):
+        jl.StreamLoader(stream, batch_size=10, process_index=0,
+                        process_count=1).load_state_dict(state)
