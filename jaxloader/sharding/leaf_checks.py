@@ -58,13 +58,17 @@ def refuse_none_over_leaf(paths: list[tuple], batch: Any, devices: list) -> list
         placed = [leaf for leaf in jax.tree_util.tree_leaves(under)
                   if not host_only(getattr(leaf, "dtype", np.dtype(np.float32)))]
         if placed:
+            several = jax.process_count() > 1  # (each process reads its own rows of every leaf)
             raise ConfigError(
                 f"sharding: its tree holds None at {jax.tree_util.keystr(path) or '<root>'}, "
                 f"over the batch's leaf of shape {np.shape(placed[0])}: JAX places it whole on "
-                f"one device ({jax.devices()[0]}), where the other leaves go to "
-                f"{_devices_said(devices)}; give it a sharding: NamedSharding(mesh, P()) places "
-                f"it whole on each device, jl.data_sharding(mesh) splits its rows, a device "
-                f"itself puts it there")
+                f"one device" + ("" if several else f" ({jax.devices()[0]})") + ", where the "
+                f"other leaves go to {_devices_said(devices)}; give it a sharding: " + (
+                    "jl.data_sharding(mesh), its rows split as the other leaves' (each of the "
+                    "processes reads its own rows of every leaf: a leaf whole on each device, "
+                    "or on one, is not to be had)" if several else
+                    "NamedSharding(mesh, P()) places it whole on each device, "
+                    "jl.data_sharding(mesh) splits its rows, a device itself puts it there"))
     return []
 
 

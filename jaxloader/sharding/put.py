@@ -205,8 +205,9 @@ class Putter:
             rows = tuple(sorted({r for start, stop in held for r in range(start, stop)}))
             if len(rows) != B:
                 remedy = rows_remedy(s, me, self.process_count, G, len(rows))
+                leaf = f" (at leaf {jax.tree_util.keystr(path)})" if path else ""
                 raise ConfigError(
-                    f"sharding: {s} gives this process's devices {len(rows)} rows of the "
+                    f"sharding: {s}{leaf} gives this process's devices {len(rows)} rows of the "
                     f"global batch of {G}, where each of the {self.process_count} processes "
                     f"reads its batch_size={B}: {remedy}")
             found.setdefault(rows, (jax.tree_util.keystr(path), s))

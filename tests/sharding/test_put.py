@@ -255,6 +255,18 @@ def test_bad_shardings_give_clear_errors():
                 "it whole on one device") in str(e) and "NamedSharding(mesh, P())" in str(e), e
     else:
         raise AssertionError("None over a leaf the devices take must be refused")
+    from jaxloader.sharding import leaf_checks  # (on several processes: P() and a device are
+    count, jax.process_count = jax.process_count, lambda: 2  # refused there; the multi-host
+    try:  # audit)
+        leaf_checks.refuse_none_over_leaf([(jax.tree_util.DictKey("y"),)], {"y": np.zeros(4)},
+                                          jax.devices())
+    except jl.ConfigError as e:
+        assert "give it a sharding: jl.data_sharding(mesh), its rows split" in str(e) and (
+            "P()" not in str(e)), e
+    else:
+        raise AssertionError("None over a leaf the devices take must be refused")
+    finally:
+        jax.process_count = count
     first = next(iter(jl.DataLoader(source(8), batch_size=4, sharding={  # (all on JAX's
         "x": jax.devices()[0], "y": None})))  # first device: None puts it there too, as before)
     assert first["y"].devices() == first["x"].devices() == {jax.devices()[0]}
