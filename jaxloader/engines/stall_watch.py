@@ -58,9 +58,11 @@ class StallWatch:
         if making is None or warn_s is None or now - making[1] < warn_s * (self._said + 1):
             return
         step, since, ident = making
-        frame = sys._current_frames().get(ident)
+        frames = sys._current_frames()
+        frame = frames.get(ident)
         thread = next((t.name for t in threading.enumerate() if t.ident == ident), "?")
         stack = "".join(traceback.format_stack(frame)[-_FRAMES:]) if frame is not None else ""
+        stack += _reads_under_way(frames)
         try:
             where = self._where(step)
         except Exception:  # noqa: BLE001 - (a report: the step alone)
@@ -72,6 +74,19 @@ class StallWatch:
             thread, stack)
         if self._making is making:
             self._said = int((time.monotonic() - since) // warn_s)
+
+
+def _reads_under_way(frames: dict) -> str:
+    """The stacks of the read threads (``read_threads=``) in a read now, the first two: the
+    batch's thread waits for them, and its own stack ends in that wait, not the source's
+    line that blocks."""
+    said = []
+    for t in threading.enumerate():
+        frame = frames.get(t.ident) if t.name.startswith("jaxloader-read") else None
+        if frame is not None and frame.f_code.co_name != "_run":  # (idle: in the pool's loop)
+            said.append(f"and its read thread {t.name!r}, at:\n" + "".join(
+                traceback.format_stack(frame)[-_FRAMES:]))
+    return "".join(said[:2])
 
 
 _WATCHES: weakref.WeakSet[StallWatch] = weakref.WeakSet()

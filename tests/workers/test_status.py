@@ -450,6 +450,32 @@ def test_a_late_batch_made_on_the_device_put_thread_is_reported_with_its_stack(c
     assert not [r for r in caplog.records if "in the making for" in r.getMessage()]
 
 
+class _SlowAt5:
+    """Records read one by one (on read threads), the sixth slowly."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            time.sleep(1.6)
+        return {"x": np.int64(i)}
+
+
+def test_a_late_batch_read_on_read_threads_shows_the_read_that_blocks(caplog):
+    # the report showed the batch's thread waiting for its reads, not the source's line that
+    # blocked (a worker's report shows every thread: the concurrency audit)
+    import jax
+
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    with jl.DataLoader(_SlowAt5(), batch_size=2, stall_warning_s=0.5, read_threads=2,
+                       sharding=jax.devices()[0], process_index=0, process_count=1) as loader:
+        assert [int(b["x"][0]) for b in loader] == [0, 2, 4, 6]
+    said = [r.getMessage() for r in caplog.records if "in the making for" in r.getMessage()]
+    assert said and "its read thread 'jaxloader-read_" in said[0] and (
+        "in __getitem__\n    time.sleep(1.6)" in said[0]), said
+
+
 def test_without_proc_the_workers_are_still_asked_for_their_stacks(monkeypatch):
     # (the portable-paths audit) a worker's state comes from /proc/<pid>/stat; without /proc
     # (macOS, a locked-down container) none is known, and a stall report asked none of the
