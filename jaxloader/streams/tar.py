@@ -97,6 +97,24 @@ class TarShard(FileShard):
         self._at = 0  # the offset of the next header to read
         self._keys: set[int] = set()  # hashes of the keys of the records read since reset()
 
+    def _check_unmoved(self, where: str) -> None:
+        """A tar changed while read is refused, ``append_only`` or not: one appended to in
+        place has its end marker rewritten, and what follows it was read as another archive
+        joined on, or left out (``FileShard``'s check took the growth for lines appended)."""
+        if self._mtime is None or self._file is None or self._file.closed:
+            return
+        try:
+            now = os.fstat(self._file.fileno())
+        except OSError:  # (not to hide the error being reported: it says what it can)
+            return
+        if now.st_mtime_ns != self._mtime:
+            raise RecordError(
+                f"{self.path}: the file was modified while read ({where}; "
+                f"{self._identity['size']:,} bytes when opened, {now.st_size:,} now): the "
+                "records read on may be another file's, and a tar appended to in place has its "
+                "end marker rewritten; add whole tar files to the stream (a shard each), or "
+                "write a shard to a new file and rename it into place")
+
     def _check_place(self, offset: int) -> None:
         """(and inside a 512-byte block: a member's header is at a block's start)"""
         super()._check_place(offset)

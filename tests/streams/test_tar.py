@@ -612,3 +612,29 @@ def test_a_tar_edited_or_with_a_record_put_in_at_the_same_size_is_refused(tmp_pa
     older = {**state, "tail": zlib.crc32(path.read_bytes()[-1024:])}  # (saved before: zeros)
     assert older["tail"] != state["tail"]
     assert [r["__key__"] for r in read_all(jl.TarShard(path), older)] == names[5:]
+
+
+@pytest.mark.parametrize("append_only", [False, True])
+def test_a_tar_appended_to_in_place_while_read_is_refused_as_such(tmp_path, append_only):
+    # append_only took its growth for lines appended: "another archive joined after this one",
+    # or nothing, by the reads' buffering; without it the remedy was append_only=True (the
+    # streams audit)
+    path = str(tmp_path / "s.tar")
+
+    def add(mode, names):
+        with tarfile.open(path, mode) as tar:
+            for name in names:
+                info = tarfile.TarInfo(f"{name}.txt")
+                info.size = len(name)
+                tar.addfile(info, io.BytesIO(name.encode()))
+    add("w", [f"k{i}" for i in range(6)])
+    with jl.StreamLoader(jl.Stream.tar(path, append_only=append_only), batch_size=1,
+                         process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        add("a", [f"m{i}" for i in range(3)])
+        with pytest.raises(jl.RecordError, match="the file was modified while read.*add whole tar "
+                                                 "files to the stream"):
+            for _ in range(10):
+                next(it)
