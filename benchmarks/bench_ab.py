@@ -25,7 +25,10 @@ Cases (jaxloader only, with 2 workers, batches of 256, as ``bench_files.py`` and
   per-batch path, with nothing to overlap it;
 - ``small_mapped``: ``small`` from a ``.npy`` file memory-mapped (``np.load(mmap_mode="r")``);
 - ``small_placed``: ``small`` made in process and placed on the CPU device (``sharding=``):
-  the device-put thread's path, and ``next()`` waiting on it.
+  the device-put thread's path, and ``next()`` waiting on it;
+- ``threads``, ``threads_here``: 300 batches of 256 records of a source read a record at a
+  time (no ``__getitems__``) on ``read_threads=8``, with 2 workers and in process: the read
+  threads' hand-over of each record.
 """
 
 from __future__ import annotations
@@ -41,7 +44,22 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ("parquet_local", "tar", "small", "large", "huge", "small_here", "small_mapped",
-         "small_placed")
+         "small_placed", "threads", "threads_here")
+
+
+class OneByOne:
+    """Records read one at a time (no ``__getitems__``): each on the loader's read threads."""
+
+    def __init__(self, n: int) -> None:
+        import numpy as np
+
+        self.x = np.random.default_rng(0).random((n, 16), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "y": i}
 
 
 def child(case: str, data: str) -> dict:
@@ -68,6 +86,11 @@ def child(case: str, data: str) -> dict:
         loader = jl.StreamLoader(jl.Stream.tar(paths), batch_size=256, seed=0, num_workers=2,
                                  transforms=[jl.Map(decode)], process_index=0, process_count=1)
         warm, count = 20, 300
+    elif case.startswith("threads"):  # (the read threads' hand-over, a record at a time)
+        loader = jl.DataLoader(OneByOne(256 * 40), batch_size=256, shuffle=True, num_epochs=None,
+                               read_threads=8, num_workers=0 if case == "threads_here" else 2,
+                               process_index=0, process_count=1)
+        warm, count = 10, 300
     else:
         rows, width, many = {"small": (256, 16, 40), "large": (64, 150 * 256, 40),
                              "huge": (16, 512 * 1024, 16), "small_here": (256, 16, 40),
