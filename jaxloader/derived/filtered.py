@@ -48,7 +48,7 @@ CHUNK = 4096  # records read at once while filtering
 
 
 @loader_names("source")
-class FilteredSource:
+class FilteredSource(Source):
     """The records of ``source`` for which ``keep(record)`` is true, in their order, found in
     one pass when it is made: in this process (through ``__getitems__`` when the source has
     it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the

@@ -56,7 +56,7 @@ EMPTY_CHECKED = 256  # records lengths given call empty, read to check (none rea
 
 
 @loader_names("source")
-class PackedSource:
+class PackedSource(Source):
     """Rows of ``length`` tokens (an int, or ``{key: int}``) packed from ``source``'s 1-D
     ``keys``; ``method`` is ``"best_fit"``, ``"first_fit"`` (``bins`` rows open at a time,
     over windows of ``window`` records) or ``"concat"`` (records cut across rows: every token

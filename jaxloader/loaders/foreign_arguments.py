@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from jaxloader.base.checks import brief_value
 from jaxloader.base.errors import ArgumentError
@@ -274,8 +274,9 @@ class GrainAttributes:
     """Grain's ``iterator.get_state()`` and ``set_state()``, its checkpoint idiom: each raises
     an ``AttributeError`` saying where the position is kept instead."""
 
-    get_state = _Refused()
-    set_state = _Refused()
+    if not TYPE_CHECKING:  # (a type checker says these are not there: NoReturn passed them,
+        get_state = _Refused()  # and hid the lines after them from the checks)
+        set_state = _Refused()
 
 
 class TorchAttributes(GrainAttributes):
@@ -284,20 +285,21 @@ class TorchAttributes(GrainAttributes):
     ``set_epoch`` of the loader's own, and the arguments PyTorch's keeps (``drop_last``,
     ``collate_fn``, ...): each raises an ``AttributeError`` saying what to do instead."""
 
-    dataset = _Refused()
-    sampler = _Refused()
-    batch_sampler = _Refused()
-    set_epoch = _Refused()
-    drop_last = _Refused()
-    collate_fn = _Refused()
-    pin_memory = _Refused()
-    timeout = _Refused()
-    generator = _Refused()
-    prefetch_factor = _Refused()
-    persistent_workers = _Refused()
-    multiprocessing_context = _Refused()
-    in_order = _Refused()
-    pin_memory_device = _Refused()
+    if not TYPE_CHECKING:  # (as GrainAttributes')
+        dataset = _Refused()
+        sampler = _Refused()
+        batch_sampler = _Refused()
+        set_epoch = _Refused()
+        drop_last = _Refused()
+        collate_fn = _Refused()
+        pin_memory = _Refused()
+        timeout = _Refused()
+        generator = _Refused()
+        prefetch_factor = _Refused()
+        persistent_workers = _Refused()
+        multiprocessing_context = _Refused()
+        in_order = _Refused()
+        pin_memory_device = _Refused()
 
 
 _STREAM_ORDER = ("a stream's order is its readers' (each reads its shards' epochs in turn: "
@@ -323,15 +325,16 @@ class StreamAttributes(GrainAttributes):
     ``epoch``, ``len(loader)``, PyTorch's ``dataset`` and ``sampler``): each refused saying what
     a stream has instead (Python's bare ``AttributeError`` or ``TypeError`` named nothing)."""
 
-    epoch = _StreamRefused()
-    set_epoch = _StreamRefused()
-    dataset = _StreamRefused()
-    sampler = _StreamRefused()
-    batch_sampler = _StreamRefused()
+    if not TYPE_CHECKING:  # (as GrainAttributes': len(stream_loader) is said not Sized)
+        epoch = _StreamRefused()
+        set_epoch = _StreamRefused()
+        dataset = _StreamRefused()
+        sampler = _StreamRefused()
+        batch_sampler = _StreamRefused()
 
-    def __len__(self) -> int:
-        raise TypeError("a StreamLoader has no len(): a stream's length is not known before "
-                        "it is read; " + _STREAM_ORDER)
+        def __len__(self) -> int:
+            raise TypeError("a StreamLoader has no len(): a stream's length is not known "
+                            "before it is read; " + _STREAM_ORDER)
 
     def __bool__(self) -> bool:  # (true, as any object: not asked of its len())
         return True

@@ -7,7 +7,7 @@ as PyTorch's ``get_worker_info()`` tells a dataset.
 
 from __future__ import annotations
 
-from typing import NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from jaxloader.base import read_threads
 
@@ -33,13 +33,17 @@ class WorkerInfo(NamedTuple):
     #: the loader's seed
     seed: int
 
-    @property
-    def dataset(self) -> NoReturn:
-        """Not given, unlike PyTorch's (an ``AttributeError`` that says what to do)."""
-        raise AttributeError(
-            "WorkerInfo has no dataset (PyTorch's get_worker_info().dataset): open what a "
-            "worker needs (a file, a client) lazily, on first use, in the source's "
-            "__getitem__ or in the transform; each worker has its own copy of the source")
+
+def _no_dataset(info: WorkerInfo) -> NoReturn:
+    """Not given, unlike PyTorch's (an ``AttributeError`` that says what to do)."""
+    raise AttributeError(
+        "WorkerInfo has no dataset (PyTorch's get_worker_info().dataset): open what a worker "
+        "needs (a file, a client) lazily, on first use, in the source's __getitem__ or in the "
+        "transform; each worker has its own copy of the source")
+
+
+if not TYPE_CHECKING:  # (set here, a NamedTuple's body holds fields: a type checker says it
+    WorkerInfo.dataset = property(_no_dataset)  # is not there; NoReturn passed it)
 
 
 _INFO: WorkerInfo | None = None

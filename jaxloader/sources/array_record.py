@@ -36,12 +36,13 @@ from jaxloader.base.loader_names import loader_names
 from jaxloader.base.source_locks import OwnLock
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand, files_fingerprints
+from jaxloader.sources.protocol import Source
 
 _MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every file: more help)
 
 
 @loader_names("source")
-class ArrayRecordSource:
+class ArrayRecordSource(Source):
     """The records of ``paths`` (one path or a list, in that order; a folder or a glob
     pattern stands for its ``*.array_record`` files, sorted) as ``bytes``.
 

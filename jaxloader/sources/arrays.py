@@ -21,13 +21,14 @@ from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.loader_names import loader_names
 from jaxloader.base.mapped_files import MappedFiles
+from jaxloader.sources.protocol import Source
 from jaxloader.sources.frames import (FRAME_AS_ONE, arrow_columns, arrow_kind, as_series,
                                      check_aligned, frame_columns, is_data_frame,
                                      one_kind_of_numbers)
 
 
 @loader_names("source")
-class ArraySource:
+class ArraySource(Source):
     """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0,
     or a pandas or polars ``DataFrame`` or a pyarrow ``Table``: a dict of its columns, each of
     its own dtype (a record is a row, ``{"age": ..., "income": ...}``; ``ArraySource(

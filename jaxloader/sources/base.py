@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -26,37 +26,7 @@ from jaxloader.base.batch_rows import split_rows
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.frames import arrow_kind, is_data_frame
-
-
-@runtime_checkable
-class Source(Protocol):
-    """The source protocol: a length and random access by integer index.
-
-    Example:
-        >>> import numpy as np, jaxloader as jl
-        >>> class Squares:  # any such object is a source
-        ...     def __len__(self):
-        ...         return 10
-        ...     def __getitem__(self, index):
-        ...         return {"x": np.int64(index * index)}
-        >>> isinstance(Squares(), jl.Source)
-        True
-        >>> loader = jl.DataLoader(Squares(), batch_size=5, process_index=0, process_count=1)
-        >>> next(iter(loader))["x"].tolist()
-        [0, 1, 4, 9, 16]
-    """
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int, /) -> Any: ...  # (positional: any name fits, ``idx``)
-
-
-@runtime_checkable
-class BatchedSource(Source, Protocol):
-    """A source that also reads many records at once: ``__getitems__(indices)`` gives a list of
-    records or an already batched pytree (see above)."""
-
-    def __getitems__(self, indices: np.ndarray) -> Any: ...
+from jaxloader.sources.protocol import Source
 
 
 def check_source(source: Any) -> int:

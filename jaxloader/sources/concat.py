@@ -28,7 +28,7 @@ from jaxloader.sources.huggingface import adapt
 
 
 @loader_names("source")
-class ConcatSource:
+class ConcatSource(Source):
     """``sources[0]``'s records, then ``sources[1]``'s, and so on. ``names``: one a source,
     which messages name a part by (its place where left out). Parts are read together in a
     batch: a ``DataLoader`` of batches of more than one record refuses ``ArraySource`` parts

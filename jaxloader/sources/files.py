@@ -19,10 +19,11 @@ from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.sources.paths import files_fingerprints
+from jaxloader.sources.protocol import Source
 
 
 @loader_names("source")
-class FileListSource:
+class FileListSource(Source):
     """The files at ``paths``, in that order; ``labels[i]`` (ints) labels ``paths[i]``.
 
     Example:

@@ -31,6 +31,7 @@ from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.sources.arrow_numpy import is_list, numpy_of, zone_in
 from jaxloader.sources.huggingface_rows import failing_row, has_media, has_nulls, null_rows
+from jaxloader.sources.protocol import Source
 
 
 _NUMPY_2 = (2, 21, 0)  # the first datasets release whose NumPy format works under NumPy 2
@@ -71,7 +72,7 @@ def refuse_zones(what: str, schema: Any, read: Any = None) -> None:
                 "(ds.remove_columns)")
 
 
-class HuggingFaceSource:
+class HuggingFaceSource(Source):
     """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str`` (read from
     Arrow), structs (dict features) as dicts of their fields batched, numbers of the dtypes
     the features declare (NumPy format gives a struct's fields as ``float64``/``int64``)."""

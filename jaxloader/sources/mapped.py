@@ -49,7 +49,8 @@ from jaxloader.base.loader_names import loader_names
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
 from jaxloader.sources.array_digest import arrays_digest
-from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
+from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.protocol import BatchedSource, Source
 from jaxloader.sources.code_digest import code_digest, code_digests, warn_hashing
 from jaxloader.sources.fingerprint import combined, mapped_records
 from jaxloader.sources.huggingface import adapt
@@ -64,7 +65,7 @@ def _forget(at: int, _: object) -> None:
     _WATCHES.pop(at, None)
 
 @loader_names("source")
-class MapSource:
+class MapSource(Source):
     """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
     of a batch of columns, as ``source.__getitems__`` gives them, whose rows are each a function
     of their own row: a record read alone, as ``peek()`` reads it, is a batch of one).

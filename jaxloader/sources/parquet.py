@@ -41,7 +41,7 @@ from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pic
 from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources.parquet_files import ParquetFiles
 from jaxloader.sources.paths import expand
-from jaxloader.sources import parquet_footers, shared_blocks
+from jaxloader.sources import parquet_footers, protocol, shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
 from jaxloader.runtime import worker_info
@@ -54,7 +54,7 @@ _MAX_JOINED = 64  # a batch of more row groups is read run by run: a join of the
 
 
 @loader_names("source")
-class ParquetSource:
+class ParquetSource(protocol.Source):
     """Rows of ``paths`` (one path or a list, read in that order; a folder or a glob pattern
     stands for its ``*.parquet`` files, sorted: ``jaxloader.sources.paths``), ``columns`` of
     them (all by default), with at most ``cache_bytes`` of decoded row groups kept per

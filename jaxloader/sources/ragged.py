@@ -16,10 +16,11 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.base.number_kinds import cast_kept
+from jaxloader.sources.protocol import Source
 
 
 @loader_names("source")
-class RaggedSource:
+class RaggedSource(Source):
     """Records ``{key: 1-D array}`` cut from flat ``values`` at ``offsets`` (``n + 1`` of them,
     from 0, non-decreasing, the last ``len(values)``), one pair per key.
 

@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Never, Sequence
 
 from jaxloader.base.abilities import OLDER
 from jaxloader.base.checks import Int, check_bool, check_int, check_keywords
@@ -72,7 +72,8 @@ class Stream:
         return f"Stream({len(self.shards)} shards: {', '.join(map(str, names))}{more}{window})"
 
     @classmethod
-    def jsonl(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
+    def jsonl(cls, paths: Any, *, append_only: bool = False, shuffle_window: Int = 0,
+              shuffle_shards: bool = True, **unknown: Never) -> "Stream":
         """A stream of JSON lines files, one shard a file. ``paths``: a path, a list, a folder
         (its ``*.jsonl`` files, and ``*.jsonl.gz``, ``.bz2``, ``.xz``, ``.zst``) or a glob
         pattern (``jaxloader.sources.paths``). Compressed files are read as what they hold
@@ -94,10 +95,12 @@ class Stream:
         """
         shards = [JsonlShard(p, append_only=append_only)
                   for p in expand(paths, or_compressed(".jsonl"), "Stream.jsonl")]
-        return cls(shards, **check_keywords("Stream.jsonl", kwargs, _OPTIONS))
+        return cls(shards, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
+                   **check_keywords("Stream.jsonl", unknown, _OPTIONS))
 
     @classmethod
-    def text(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
+    def text(cls, paths: Any, *, append_only: bool = False, shuffle_window: Int = 0,
+             shuffle_shards: bool = True, **unknown: Never) -> "Stream":
         """A stream of text files, a line a record (``paths`` and ``append_only`` as for
         ``jsonl``; ``*.txt``, compressed or not).
 
@@ -114,11 +117,12 @@ class Stream:
         """
         shards = [TextShard(p, append_only=append_only)
                   for p in expand(paths, or_compressed(".txt"), "Stream.text")]
-        return cls(shards, **check_keywords("Stream.text", kwargs, _OPTIONS))
+        return cls(shards, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
+                   **check_keywords("Stream.text", unknown, _OPTIONS))
 
     @classmethod
     def tar(cls, paths: Any, *, tolerate_missing_end: bool = False, append_only: bool = False,
-            **kwargs: Any) -> "Stream":
+            shuffle_window: Int = 0, shuffle_shards: bool = True, **unknown: Never) -> "Stream":
         """A stream of tar shards in the WebDataset layout (``paths`` and ``append_only`` as
         for ``jsonl``; ``*.tar``, compressed or not: ``*.tar.gz``, ``*.tgz``). Every host is
         given the same list (``process_index`` deals it out). A damaged or cut shard is an
@@ -141,11 +145,13 @@ class Stream:
         """
         shards = [TarShard(p, tolerate_missing_end=tolerate_missing_end, append_only=append_only)
                   for p in expand(paths, (*or_compressed(".tar"), ".tgz"), "Stream.tar")]
-        return cls(shards, **check_keywords("Stream.tar", kwargs, _OPTIONS))
+        return cls(shards, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
+                   **check_keywords("Stream.tar", unknown, _OPTIONS))
 
     @classmethod
-    def from_generator(cls, make: Callable[[int], Iterable], shards: Int,
-                       **kwargs: Any) -> "Stream":
+    def from_generator(cls, make: Callable[[int], Iterable[Any]], shards: Int, *,
+                       shuffle_window: Int = 0, shuffle_shards: bool = True,
+                       **unknown: Never) -> "Stream":
         """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
         shard number; a generator object, which cannot start again, is refused); resumed by
         skipping the records already read. Each record must be new: a buffer refilled and
@@ -158,11 +164,13 @@ class Stream:
             >>> jl.Stream.from_generator(numbers, shards=2)
             Stream(2 shards: numbers[0], numbers[1])
         """
-        return cls(generator_shards(make, shards),
-                   **check_keywords("Stream.from_generator", kwargs, _OPTIONS))
+        return cls(generator_shards(make, shards), shuffle_window=shuffle_window,
+                   shuffle_shards=shuffle_shards,
+                   **check_keywords("Stream.from_generator", unknown, _OPTIONS))
 
     @classmethod
-    def huggingface(cls, dataset: Any, **kwargs: Any) -> "Stream":
+    def huggingface(cls, dataset: Any, *, shuffle_window: Int = 0, shuffle_shards: bool = True,
+                    **unknown: Never) -> "Stream":
         """A Hugging Face ``datasets.IterableDataset`` (``load_dataset(..., streaming=True)``),
         a shard of it a shard, restored by the dataset's own state, list features of numbers
         as arrays (``jaxloader.streams.huggingface``). ``StreamLoader(dataset)`` reads one
@@ -174,7 +182,9 @@ class Stream:
             loader = jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=10_000),
                                      batch_size=256, num_workers=2)
         """
-        return cls(shards_of(dataset), **check_keywords("Stream.huggingface", kwargs, _OPTIONS))
+        return cls(shards_of(dataset), shuffle_window=shuffle_window,
+                   shuffle_shards=shuffle_shards,
+                   **check_keywords("Stream.huggingface", unknown, _OPTIONS))
 
     def map(self, fn: Callable[[Any], Any]) -> "Stream":
         """This stream with each record passed through ``fn`` in its readers, before the
