@@ -151,7 +151,7 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
 
 
 def profile(loader: Any, steps: Int = 300, workers: Sequence[Int] | None = None,
-            out: str | os.PathLike | None = "jaxloader_profile.png") -> Profile:
+            out: str | os.PathLike[str] | None = "jaxloader_profile.png") -> Profile:
     """Runs ``loader`` (a ``DataLoader``/``StreamLoader``, or ``make_loader(num_workers=n)``
     to try several counts: by default 0, 1, 2 and the cores) for ``steps`` batches a count;
     writes the picture to ``out`` (``None``: kept in memory only, ``Profile.png``).

@@ -307,6 +307,17 @@ def test_a_misspelt_argument_is_told_its_near_name_and_a_shuffle_window_where_it
         make(source, batch_size=2, shuffle_window=100)
 
 
+def test_the_loaders_type_hints_resolve_for_runtime_checkers():
+    # typing.get_type_hints(DataLoader.__init__) raised NameError: 'Map' (transforms= named
+    # its classes by string, looked up in the loader's module: typeguard, pydantic's
+    # validate_call; the typing audit)
+    import typing
+
+    for loader in (jl.DataLoader, jl.StreamLoader):
+        hints = typing.get_type_hints(loader.__init__)
+        assert {"transforms", "batch_size", "return"} <= set(hints), hints
+
+
 def test_pytorchs_loader_attributes_say_what_to_read_instead():
     # len(loader.dataset) and loader.sampler.set_epoch(epoch), a PyTorch loop's lines, were a
     # bare "'DataLoader' object has no attribute 'dataset'"

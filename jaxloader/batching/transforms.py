@@ -96,11 +96,6 @@ class BatchMap:
         return f"BatchMap({fn_name(self.fn)})"
 
 
-# What ``transforms=`` takes: a list of them, or one alone (a function is a ``Map``'s), or None
-Transforms = Union[Sequence[Any], "Map", "RandomMap", "BatchMap", "Filter", "JitMap", "Pad",
-                   Callable[..., Any], None]
-
-
 def split_transforms(transforms: Transforms, *, filters: bool = False,
                      process_count: int = 1) -> tuple[tuple, tuple]:
     """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
@@ -243,6 +238,13 @@ class Filter:
 
     def __repr__(self) -> str:
         return f"Filter({fn_name(self.fn)})"
+
+
+# What ``transforms=`` takes: a list of them, or one alone (a function is a ``Map``'s), or None;
+# of the classes themselves, not their names: typing.get_type_hints(DataLoader.__init__) looked
+# the names up in the loader's module, where they are not (typeguard, pydantic: NameError)
+Transforms = Union[Sequence[Any], Map, RandomMap, BatchMap, Filter, JitMap, Pad,
+                   Callable[..., Any], None]
 
 
 class RecordRng:

@@ -312,7 +312,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         """The workers' processes on this machine (none for Ray actors)."""
         return [] if getattr(self._engine, "remote", False) else list(self._engine.pids)
 
-    def diagnose(self, since: LoaderStats | None = None) -> "Diagnosis":
+    def diagnose(self, since: LoaderStats | None = None) -> Diagnosis:
         """What limits the input now, from ``stats``: ``bottleneck`` (``"step"``,
         ``"workers"``, ``"source"``, ``"main"`` or ``"device"``), seconds by stage, and advice;
         ``print()`` it for a table. ``since``: stats read before (``loader.stats``), to judge
@@ -331,7 +331,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         stats = self.stats
         return self._diagnose(stats if since is None else stats.since(since))
 
-    def _diagnose(self, stats: LoaderStats) -> "Diagnosis":
+    def _diagnose(self, stats: LoaderStats) -> Diagnosis:
         from jaxloader.loaders.diagnosis import diagnose, mapped_functions
 
         put = self._putter

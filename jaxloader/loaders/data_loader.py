@@ -282,8 +282,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             raise peeked(e) if self._set_up_in_workers else e
         return batch if self._putter is None else self._putter(batch)
 
-    # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator[BatchT]:
+        """The batches of the pass the position is in (``num_epochs`` epochs), from it on."""
         self._progress.check()
         self._check_placement()
         self._check_length()

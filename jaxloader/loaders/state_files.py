@@ -42,7 +42,7 @@ from jaxloader.loaders.options import jax_started
 
 _FILE = re.compile(r"process_\d+-of-(\d+)\.json$")
 _HOST = re.compile(r"process_\d+-of-(\d+)\.host\d+-of-(\d+)\.json$")
-PathLike = str | os.PathLike  # epath.Path included
+PathLike = str | os.PathLike[str]  # epath.Path included
 
 
 def check_loader(loader: Any, what: str, method: str = "state_dict") -> None:
@@ -82,7 +82,7 @@ def state_filename(loader: Any) -> str:
     return f"process_{loader.process_index}-of-{loader.process_count}{host}.json"
 
 
-def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:
+def write_state(directory: PathLike, loader: Any, state: dict[str, Any] | None = None) -> None:
     """Writes this process's loader state into ``directory`` (which must exist), removing
     the states a run on another process count wrote there at an earlier step (a folder
     reused: ``read_state`` refuses a folder holding states of other steps).
@@ -162,7 +162,7 @@ def _remove_past(other: Any, step: Any) -> None:
                       stacklevel=user_stacklevel())
 
 
-def read_state(directory: PathLike, loader: Any) -> dict:
+def read_state(directory: PathLike, loader: Any) -> dict[str, Any]:
     """The state in ``directory`` that fits this process (see the module docstring); a folder
     holding the files of runs on several process counts (one reused by ``write_state``) is
     refused, naming each run's step."""
@@ -278,7 +278,7 @@ def _step_of(path: Any) -> int | None:
     return None
 
 
-def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
+def apply_state(directory: PathLike, loader: Any, state: dict[str, Any]) -> dict[str, Any]:
     """Loads ``state`` (read from ``directory``) into ``loader``; returns it: a refusal
     (``StateDictError``) names the checkpoint. ``restore_into(directory, loader)`` is
     ``apply_state(directory, loader, read_state(directory, loader))`` (``write_state``'s
@@ -290,7 +290,7 @@ def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
     return state
 
 
-def restore_into(directory: PathLike, loader: Any) -> dict:
+def restore_into(directory: PathLike, loader: Any) -> dict[str, Any]:
     """Reads the fitting state and loads it into ``loader``; returns the state
     (``write_state``'s example)."""
     return apply_state(directory, loader, read_state(directory, loader))

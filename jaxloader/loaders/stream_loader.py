@@ -222,8 +222,8 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
         """The worker counts that can host this process's readers: those dividing them."""
         return [n for n in range(1, self._readers + 1) if self._readers % n == 0]
 
-    # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator[BatchT]:
+        """The stream's batches from the position on (endless, or to the pass's end)."""
         self._progress.check()
         self._check_placement()
         self._invalidate()
