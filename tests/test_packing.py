@@ -347,6 +347,18 @@ def test_a_state_from_other_packing_is_refused():
     with jl.DataLoader(other, batch_size=4, process_index=0, process_count=1) as loader:
         with pytest.raises(jl.StateDictError, match="fingerprint|source"):
             loader.load_state_dict(state)
+    # another seed, as many rows: the refusal's guesses named no packing (the multi-host audit)
+    docs = jl.RaggedSource.from_sequences({"x": [list(range(i * 10, i * 10 + 6))
+                                                 for i in range(80)]})
+    with jl.DataLoader(jl.PackedSource(docs, "x", 12), batch_size=4, process_index=0,
+                       process_count=1) as loader:
+        state = loader.state_dict()
+    with jl.DataLoader(jl.PackedSource(docs, "x", 12, seed=1), batch_size=4, process_index=0,
+                       process_count=1) as loader:
+        with pytest.raises(jl.StateDictError, match=r"same kind \(packed\) and size.*its "
+                                                     r"packing \(a PackedSource's length, "
+                                                     r"method, seed"):
+            loader.load_state_dict(state)
 
 
 def test_a_state_from_other_padding_is_refused():

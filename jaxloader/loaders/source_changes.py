@@ -53,7 +53,9 @@ def source_differences(then: str, now: str, same_size: bool = True,
     if then != now and then.split(":")[:2] == now.split(":")[:2]:
         kept = ("the records it keeps (another subset of the same size, or the same in another "
                 "order: keep a round's indices beside the checkpoint and make the "
-                "FilteredSource from them), " if kind == "filtered" else "")
+                "FilteredSource from them), " if kind == "filtered" else
+                "its packing (a PackedSource's length, method, seed, keys, overlong, bins, "
+                "window or value: each as the saved run's), " if kind == "packed" else "")
         where = f" (its {'parts' if len(changed) > 1 else 'part'} {', '.join(changed)})" \
             if changed else ""
         return [f"the source is of the same kind ({kind}) and size, so what differs is inside "
