@@ -65,3 +65,6 @@ def _usage() -> None:
         plain.sampler  # type: ignore[attr-defined]
         plain.drop_last  # type: ignore[attr-defined]
     len(loader)  # type: ignore[arg-type]
+    jl.DataLoader(web, batch_size=2, transforms=[jl.Map(lambda r: r), 2])  # type: ignore[list-item]
+    jl.DataLoader(web, batch_size=2, transforms=[lambda r: r, jl.Pad("x")])
+    jl.JitMap(lambda r, key: r)

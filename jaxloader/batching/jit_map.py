@@ -105,12 +105,12 @@ class JitMap:
         ((4, 8, 8), dtype('float32'))
     """
 
-    def __init__(self, fn: Callable[..., Any], *, random: bool | None = None,
-                 chunk_bytes: Int = CHUNK_BYTES) -> None:
+    def __init__(self, fn: Callable[[Any], Any] | Callable[[Any, Any], Any], *,
+                 random: bool | None = None, chunk_bytes: Int = CHUNK_BYTES) -> None:
         if not callable(fn):
             raise ConfigError(f"JitMap(fn): expected a callable, got {type(fn).__name__} "
                               f"{fn!r:.60}")
-        self.fn = fn
+        self.fn: Callable[..., Any] = fn
         self.random = takes_key(fn) if random is None else check_bool("JitMap(random)", random)
         if random is None and key_by(fn) == "default":
             warnings.warn(

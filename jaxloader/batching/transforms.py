@@ -103,7 +103,7 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
     if transforms is None:  # (as PyTorch's collate_fn=None: none)
         transforms = ()
     if callable(transforms) or isinstance(transforms, _KINDS) or _grain_name(transforms):
-        transforms = (transforms,)  # (one transform, a Grain object too, without a list)
+        transforms = (transforms,)  # type: ignore[assignment]  # (one, a Grain object too)
     if not isinstance(transforms, Iterable) or isinstance(transforms, (str, bytes, Mapping)):
         raise ConfigError(f"transforms: expected a transform, a function or a list of them, "
                           f"got {type(transforms).__name__} {transforms!r:.80}")
@@ -243,8 +243,8 @@ class Filter:
 # What ``transforms=`` takes: a list of them, or one alone (a function is a ``Map``'s), or None;
 # of the classes themselves, not their names: typing.get_type_hints(DataLoader.__init__) looked
 # the names up in the loader's module, where they are not (typeguard, pydantic: NameError)
-Transforms = Union[Sequence[Any], Map, RandomMap, BatchMap, Filter, JitMap, Pad,
-                   Callable[..., Any], None]
+Transform = Union[Map, RandomMap, BatchMap, Filter, JitMap, Pad, Callable[[Any], Any]]
+Transforms = Union[Sequence[Transform], Transform, None]
 
 
 class RecordRng:
