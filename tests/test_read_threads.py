@@ -356,3 +356,32 @@ def test_a_read_that_never_returns_keeps_neither_a_ctrl_c_nor_the_exit_waiting(h
     assert done.returncode == 0 and "leaving" in done.stdout, done.stderr[-3000:]
     if how == "interrupt":
         assert "interrupted in time: True" in done.stdout, done.stdout
+
+
+def test_a_pool_whose_thread_cannot_start_queues_nothing_and_runs_later_calls(monkeypatch):
+    # its thread was counted before it started: two failed starts filled a pool of 2 with
+    # threads that never ran, and every later read waited for good (the review)
+    import concurrent.futures as cf
+
+    from jaxloader.base.daemon_pool import DaemonPool
+
+    real, fails = threading.Thread.start, [2]
+
+    def start(self):
+        if self.name.startswith("failing_") and fails[0]:
+            fails[0] -= 1
+            raise RuntimeError("can't start new thread")
+        return real(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    pool = DaemonPool(2, "failing")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            pool.submit(int, 1)
+    later = pool.submit(lambda: "read")
+    assert cf.wait([later], timeout=10).done == {later} and later.result() == "read"
+    started, running = threading.Event(), threading.Event()
+    held = pool.submit(lambda: (started.set(), running.wait(10)))  # (a read under way: busy)
+    assert started.wait(10) and pool.busy()
+    running.set()
+    held.result(timeout=10)
+    pool.shutdown()

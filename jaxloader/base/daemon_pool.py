@@ -18,7 +18,7 @@ Example:
     >>> pool.submit(pow, 2, 5)
     Traceback (most recent call last):
     ...
-    RuntimeError: DaemonPool example: submit after shutdown
+    jaxloader.base.daemon_pool.PoolShut: DaemonPool example: submit after shutdown
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ import concurrent.futures as futures
 import queue
 import threading
 from typing import Any, Callable
+
+
+class PoolShut(RuntimeError):
+    """``submit`` after ``shutdown``."""
 
 
 class DaemonPool:
@@ -39,19 +43,36 @@ class DaemonPool:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._shut = False
+        self._running = 0  # calls under way
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> futures.Future:
+        """Runs ``fn(*args)`` on a thread of the pool; raises ``PoolShut`` after
+        ``shutdown()``, and the system's error where no thread can be started and none is
+        there to take it (a container's process limit)."""
         with self._lock:
             if self._shut:
-                raise RuntimeError(f"DaemonPool {self._name}: submit after shutdown")
-            future: futures.Future = futures.Future()
-            self._work.put((future, fn, args))
+                raise PoolShut(f"DaemonPool {self._name}: submit after shutdown")
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._n:
                 thread = threading.Thread(target=self._run, daemon=True,
                                           name=f"{self._name}_{len(self._threads)}")
-                self._threads.append(thread)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:  # ("can't start new thread": the others take it)
+                    if not self._threads:
+                        raise
+                else:
+                    self._threads.append(thread)
+            future: futures.Future = futures.Future()
+            self._work.put((future, fn, args))
         return future
+
+    def busy(self) -> bool:
+        """Whether a call is under way."""
+        return self._running > 0
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._running -= 1
 
     def shutdown(self) -> None:
         """No more calls; each thread ends once the calls before are done (not waited for)."""
@@ -68,10 +89,19 @@ class DaemonPool:
                 self._work.put(None)
                 return
             future, fn, args = item
-            if future.set_running_or_notify_cancel():  # (False: cancelled while queued)
+            with self._lock:  # (busy() from before the call can start, not after)
+                self._running += 1
+            if not future.set_running_or_notify_cancel():  # (cancelled while queued)
+                self._ended()
+            else:
                 try:
-                    future.set_result(fn(*args))
+                    result = fn(*args)
                 except BaseException as e:  # (the caller's to raise, as the executor's)
+                    self._ended()  # (before the caller is told: busy() false once it is)
                     future.set_exception(e)
-            del item, future, fn, args  # (a batch's records not kept alive by an idle thread)
+                else:
+                    self._ended()
+                    future.set_result(result)
+                    del result  # (a batch's records not kept alive by an idle thread)
+            del item, future, fn, args
             self._idle.release()

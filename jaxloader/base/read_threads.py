@@ -16,7 +16,8 @@ hold.
 
 A read that raises is raised in the batch's order (the first record of the batch that failed),
 after what was in flight has finished: no read of the source goes on past the call, which in
-the training process holds the source's locks (``base.source_locks``) for the whole read. The
+the training process holds the source's locks (``base.source_locks``) for the whole read (but
+for a Ctrl-C's unwinding, which waits for none: the loader then leaves the source open). The
 source must be safe to read from several threads at once, as Grain's must. Such an error is
 marked with which of the items it was (``tag_item``), so that the batch maker names that
 record; a source that reads its items through others (a concatenation, a packing) turns the
@@ -40,7 +41,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence, TypeVar, Union
 
-from jaxloader.base.daemon_pool import DaemonPool
+from jaxloader.base.daemon_pool import DaemonPool, PoolShut
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.source_locks import held, lending
 
@@ -112,6 +113,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
+def busy(n: Key) -> bool:
+    """Whether the pool of ``n`` runs a read now (one a Ctrl-C left under way: its source is
+    not to be closed under it)."""
+    pool = _POOLS.get(n)
+    return pool is not None and pool.busy()
+
+
 def count() -> int:
     """The read threads of the batch this thread is making (1 outside one, and on a pool
     thread)."""
@@ -166,7 +174,7 @@ class Reads:
             for item in items:
                 try:
                     self._futures.append(_pool(n).submit(lending, mine, read, item))
-                except RuntimeError:  # (its pool let go meanwhile by a loader's close())
+                except PoolShut:  # (its pool let go meanwhile by a loader's close())
                     self._futures.append(_pool(n).submit(lending, mine, read, item))
         except BaseException:
             self.close()

@@ -392,9 +392,9 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
     def _release(self, idle: bool) -> None:
         """Closes the files the source holds open in this process (``peek``,
         ``num_workers=0``) and lets its read threads go, unless a device-put thread still
-        makes a batch from it (it ends with that batch; the files close when the source goes,
-        the threads when the loader does)."""
-        if idle:
+        makes a batch from it, or its read threads still read (a Ctrl-C left them: they end
+        with their reads; the files close when the source goes, the threads with the loader)."""
+        if idle and not read_pool.busy(self._maker.pool_key):
             close_source(self._source)
             if self._read_pool is not None:  # (else let go when the loader goes)
                 self._read_pool()

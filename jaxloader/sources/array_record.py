@@ -33,7 +33,6 @@ from jaxloader.base import file_identity
 from jaxloader.base.checks import int_indices, record_index
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.loader_names import loader_names
-from jaxloader.base.source_locks import OwnLock
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand, files_fingerprints
 from jaxloader.sources.protocol import Source
@@ -64,7 +63,6 @@ class ArrayRecordSource(Source):
                             else [0] for path in self.paths]  # (its writer's zeros at its end)
         self._stats = [_stat(path) for path in self.paths]
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
-        self._reading = OwnLock()  # (see _read)
 
     def __getstate__(self) -> dict:
         return {"paths": self.paths, "starts": self._starts, "identities": self._identities,
@@ -75,7 +73,6 @@ class ArrayRecordSource(Source):
         self._identities = state["identities"]
         self._stats = state.get("stats") or [None] * len(self.paths)
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
-        self._reading = OwnLock()
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
         """Each local file's path and identity (``jaxloader.base.file_identity.whole``), as read
@@ -84,8 +81,7 @@ class ArrayRecordSource(Source):
 
     def close(self) -> None:
         """Closes the readers this process has open (a later read opens them again)."""
-        with self._reading:
-            self._readers.close()
+        self._readers.close()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -125,21 +121,18 @@ class ArrayRecordSource(Source):
         """Records ``records`` of file ``k``; an error naming the file where it changed or
         cannot be read. A stat after the read (one a file a read: a round trip on a network
         file system) finds a file changed since the last read or during this one: refused if
-        its identity changed, else (a copy put in its place) read again, once. A thread at a
-        time (``read_threads`` over a wrapper's ``source[i]``): one thread's open closed the
-        least recently used reader as another read through it ("Object closed")."""
-        with self._reading:
-            return self._read_now(k, records, again)
-
-    def _read_now(self, k: int, records: list[int], again: bool) -> list[bytes]:
-        reader = self._reader(k)
+        its identity changed, else (a copy put in its place) read again, once. The reader is
+        held open while read (``OpenFiles.using``): with ``read_threads`` over a wrapper's
+        ``source[i]``, one thread's open closed the least recently used reader as another read
+        through it ("Object closed", told as a damaged file)."""
         path = self.paths[k]
         try:
-            got = reader.read(records)
+            with self._readers.using(k, lambda: self._opened(k)) as reader:
+                got = reader.read(records)
         except (RuntimeError, OSError, ValueError) as e:  # (Riegeli's: "Corrupted ... file")
             if again and self._stats[k] is not None and _stat(path) != self._stats[k]:
                 self._check(k)  # (rewritten as it was read: named as changed)
-                return self._read_now(k, records, again=False)
+                return self._read(k, records, again=False)
             shown = ", ".join(map(str, records[:4])) + (", ..." if len(records) > 4 else "")
             raise RecordError(
                 f"ArrayRecordSource: file {path!r}, records [{shown}] of it: cannot be read "
@@ -148,17 +141,14 @@ class ArrayRecordSource(Source):
         if self._stats[k] is not None and _stat(path) != self._stats[k]:
             self._check(k)  # (written before or as it was read: records of the new file)
             if again:
-                return self._read_now(k, records, again=False)
+                return self._read(k, records, again=False)
         return got
 
-    def _reader(self, k: int) -> Any:
+    def _opened(self, k: int) -> Any:
         """File ``k``'s reader, opened (in this process, or again after it was closed) only
         once the file is checked to be the one counted at construction."""
-        reader = self._readers.get(k)
-        if reader is not None:
-            return reader
         self._check(k)
-        return self._readers.add(k, _open(self.paths[k]))
+        return _open(self.paths[k])
 
     def _check(self, k: int) -> None:
         """Raises if local file ``k`` is not the one counted at construction; one with the
