@@ -168,12 +168,12 @@ class PackedSource(Source):
                               *padding)), np.ascontiguousarray(self._lengths).tobytes())
 
     def compared_settings(self) -> dict[str, str]:
-        """Its settings by name, compared exactly by a run's processes (its fingerprint, a
-        digest, only warned of: a ``length`` of its own on a host hung the first collective)."""
+        """Its settings by name, which a run's processes compare exactly (not only a digest)."""
+        unread = ("bins", "window") if self.config["method"] == "concat" else ()
         settings = {"keys": self.keys, "length": self.row_length.tolist(), **self.config,
-                    "value": fills_said(self._fills)}
+                    "value": [float(v) for v in fills_said(self._fills) or ()]}  # (-100: -100.)
         return {name: value if isinstance(value, str) else repr(value)
-                for name, value in settings.items()}
+                for name, value in settings.items() if name not in unread}
 
     def __len__(self) -> int:
         return self.plan.rows

@@ -240,8 +240,8 @@ class HostsCheck:
             same += (" (the files differ: each process reads its share of its own files, and "
                      f"the others' shares of them are never read; {per_host_remedy(self.owner)})")
         same += " (and the same settings in each Pad)" if "pads[" in fields else ""
-        same += (" (and each PackedSource made alike: keys, length, method, seed, overlong and "
-                 "value)" if "packed[" in fields else "")
+        same += (" (and each PackedSource made alike: keys, length, method, seed, overlong, "
+                 "bins, window and value)" if "packed[" in fields else "")
         if "meshes:" in fields:  # (each reads the rows its devices hold in its own mesh)
             same += (" (and the same mesh: spec, axes and the devices in one order, which JAX "
                      "needs on every process; make it alike on each, jax.make_mesh(...), not "

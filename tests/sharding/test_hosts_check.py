@@ -376,6 +376,17 @@ def test_a_packing_made_otherwise_on_another_process_is_refused_naming_the_setti
         next(its[1])
 
 
+def test_packings_that_make_the_same_rows_compare_alike():
+    # bins and window, which concat does not read, and a value of -100 against -100.0 were
+    # refused between hosts whose rows were the same (the review)
+    docs = jl.RaggedSource.from_sequences({"x": [[1, 2, 3]] * 20})
+    one = jl.PackedSource(docs, "x", 8, method="concat", bins=16, value=-100)
+    other = jl.PackedSource(docs, "x", 8, method="concat", bins=8, window=5, value=-100.0)
+    assert one.compared_settings() == other.compared_settings()
+    assert jl.PackedSource(docs, "x", 8, bins=8).compared_settings() != \
+        jl.PackedSource(docs, "x", 8, bins=16).compared_settings()  # (best_fit reads them)
+
+
 class _Tokenizer:  # (a callable object: its repr holds its address, another in each process)
     def __call__(self, record):
         return record
