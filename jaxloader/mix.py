@@ -4,7 +4,7 @@ given steps; the plan both follow is ``plans.mixture``'s."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence, overload
+from typing import Any, Mapping, Sequence, overload
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
@@ -28,13 +28,6 @@ def mix(sources: Sequence[ReadableStream] | Mapping[str, ReadableStream], weight
 def mix(sources: Sequence[Source] | Mapping[str, Source], weights: Weights,
         from_step: Mapping[int, Weights] | None = None,
         stopping_strategy: Stopping = "all_exhausted_without_replacement") -> Mixture: ...
-
-
-@overload
-def mix(sources: Sequence[ReadableStream | Iterable[Any]]  # (a Hugging Face IterableDataset)
-        | Mapping[str, ReadableStream | Iterable[Any]], weights: Weights,
-        from_step: Mapping[int, Weights] | None = None,
-        stopping_strategy: Stopping = "all_exhausted_without_replacement") -> MixedStream: ...
 
 
 @overload

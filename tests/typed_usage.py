@@ -56,9 +56,6 @@ def _usage() -> None:
     parts = [jl.ParquetSource("a.parquet"), jl.ArraySource({"x": np.arange(10)})]  # (several
     jl.DataLoader(jl.mix(parts, [0.5, 0.5]), batch_size=2)  # kinds: a list[Source], not of
     jl.DataLoader(jl.ConcatSource(parts), batch_size=2)  # object: the typing audit)
-    # a Hugging Face IterableDataset's kind: iterables a StreamLoader reads (the typing audit)
-    first: list[dict[str, int]] = [{"x": 1}]
-    jl.StreamLoader(jl.mix([iter(first), iter(first)], [1, 1]), batch_size=2)
     jl.Stream.jsonl("a.jsonl", shuffle_windw=4)  # type: ignore[arg-type]
     jl.Stream.from_generator(lambda i: iter([i]), 2, shuffle_window="big")  # type: ignore[arg-type]
     with jl.DataLoader(web, batch_size=2) as plain:  # (refused at run time: not there at all)

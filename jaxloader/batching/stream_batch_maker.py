@@ -299,8 +299,8 @@ class StreamBatchMaker:
         live, before = self._reader, self._before
         if not reads or live is None or before is None:
             return ""
-        if rerun(self.stream.shards, before):  # (its generators would run anew, long)
-            return batch_start(live.reader, before)
+        if rerun(self.stream, before):  # (its generators would run anew, long)
+            return batch_start(live, before)
 
         def replay() -> str | None:
             assert live is not None and before is not None

@@ -85,7 +85,7 @@ def where_of(loader: Any) -> Callable[[int], str]:
         live = ref()
         return location(step) + ("" if live is None else described(lambda: at_step(
             live, lambda maker, at: maker.first_origin(at), step,
-            lambda state: rerun(live._stream.shards, state))))
+            lambda state: rerun(live._stream, state))))
     return where
 
 

@@ -42,7 +42,8 @@ class Segments(list):
         read again from its run's start."""
         at, state, first = next(s for s in reversed(self) if s[2] <= index)
         shard = copy.copy(shards[mine[at]])
-        if rerun([shard]):  # (the place by its records' count: no generator run again)
+        if isinstance(innermost(shard), IterableShard):  # (its place by its records' count:
+            # no generator run again)
             return named(shard.name, {"consumed": (state or {}).get("consumed", 0) + index
                                       - first + 1})
         try:
@@ -59,13 +60,14 @@ class Segments(list):
 RERUN_MAX = 10_000  # a generator's records a message reads again at most
 
 
-def rerun(shards: Sequence[Any], state: Any = None) -> bool:
-    """Whether reading ``shards`` again from ``state`` (a reader's; ``None``: from anywhere)
+def rerun(stream: Any, state: Any = None) -> bool:
+    """Whether reading ``stream`` again from ``state`` (a reader's; ``None``: from anywhere)
     runs generators anew over more than ``RERUN_MAX`` records (an ``IterableShard`` reads its
-    records again up to its state, O(n) in them)."""
-    if not any(isinstance(innermost(shard), IterableShard) for shard in shards):
+    records again up to its state, O(n) in them, and its window again after)."""
+    if not any(isinstance(innermost(shard), IterableShard) for shard in stream.shards):
         return False
-    return state is None or _consumed(state) > RERUN_MAX
+    windows = sum(getattr(s, "shuffle_window", 1) for s in getattr(stream, "streams", [stream]))
+    return state is None or _consumed(state) + windows > RERUN_MAX
 
 
 def _consumed(state: Any) -> int:
@@ -76,16 +78,22 @@ def _consumed(state: Any) -> int:
     return sum(map(_consumed, state)) if isinstance(state, (list, tuple)) else 0
 
 
-def batch_start(reader: int, before: Any) -> str:
-    """`` (...)`` naming where reader ``reader``'s batch began (its state ``before`` it), for
-    a record of a stream whose shards are not read again to name its place (``rerun``)."""
+def batch_start(reader: Any, before: Any) -> str:
+    """`` (...)`` naming where ``reader``'s batch began (its state ``before`` it), for a record
+    of a stream whose shards are not read again to name its place (``rerun``): the window it
+    was in, read from a shard (named where the reader is still in that epoch) at a state, and
+    the records of the window handed out before the batch."""
     if isinstance(before, dict) and "shard" in before:
-        start = (f"epoch {before.get('epoch')}, its shard {before['shard']} at "
-                 f"{before.get('shard_state')!r:.80}")
+        at, mine = before["shard"], getattr(reader, "_mine", ())
+        shard = (reader.stream.shards[mine[at]].name if before.get("epoch") == getattr(
+            reader, "_epoch", None) and at < len(mine) else f"its shard {at} of the epoch")
+        start = (f"in epoch {before.get('epoch')}, in a window read from {shard} at "
+                 f"{before.get('shard_state')!r:.80}, {before.get('emitted')} of it handed out")
     else:  # (a mixture's: its components' states)
-        start = f"{before!r:.160}"
-    return (f" (reader {reader}'s batch began at {start}; not read again to name the record: "
-            "the generators would run anew)")
+        said = repr(before)
+        start = f"at {said[:240]}" + ("..." if len(said) > 240 else "")
+    return (f" (reader {reader.reader}'s batch began {start}; not read again to name the "
+            "record: the generators would run anew)")
 
 
 def last_origin(reader: Any) -> str | None:

@@ -96,7 +96,7 @@ class Stream:
         shards = [JsonlShard(p, append_only=append_only)
                   for p in expand(paths, or_compressed(".jsonl"), "Stream.jsonl")]
         return cls(shards, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
-                   **check_keywords("Stream.jsonl", unknown, _OPTIONS))
+                   **check_keywords("Stream.jsonl", unknown, (*_OPTIONS, "append_only")))
 
     @classmethod
     def text(cls, paths: Any, *, append_only: bool = False, shuffle_window: Int = 0,
@@ -118,7 +118,7 @@ class Stream:
         shards = [TextShard(p, append_only=append_only)
                   for p in expand(paths, or_compressed(".txt"), "Stream.text")]
         return cls(shards, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
-                   **check_keywords("Stream.text", unknown, _OPTIONS))
+                   **check_keywords("Stream.text", unknown, (*_OPTIONS, "append_only")))
 
     @classmethod
     def tar(cls, paths: Any, *, tolerate_missing_end: bool = False, append_only: bool = False,
@@ -146,7 +146,8 @@ class Stream:
         shards = [TarShard(p, tolerate_missing_end=tolerate_missing_end, append_only=append_only)
                   for p in expand(paths, (*or_compressed(".tar"), ".tgz"), "Stream.tar")]
         return cls(shards, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
-                   **check_keywords("Stream.tar", unknown, _OPTIONS))
+                   **check_keywords("Stream.tar", unknown, (*_OPTIONS, "append_only",
+                                                            "tolerate_missing_end")))
 
     @classmethod
     def from_generator(cls, make: Callable[[int], Iterable[Any]], shards: Int, *,

@@ -202,7 +202,8 @@ def test_a_record_after_many_of_a_generator_is_named_without_running_it_again(wo
     loader = jl.StreamLoader(jl.Stream.from_generator(simulate, 1), batch_size=100, seed=0,
                              num_workers=workers, transforms=[jl.Map(failing_at(12_345))])
     message = error_of(loader, steps=200)
-    assert "row 45 (reader 0's batch began at epoch 0, its shard 0 at {'consumed': 12299}; " \
-           "not read again to name the record" in message, message
+    assert "row 45 (reader 0's batch began in epoch 0, in a window read from " in message and \
+        ".simulate[0] at {'consumed': 12299}, 1 of it handed out; not read again to name the " \
+        "record" in message, message
     if not workers:  # (made in this process: counted here)
         assert made == [0], made

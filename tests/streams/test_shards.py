@@ -507,7 +507,7 @@ def test_a_class_methods_unknown_keyword_is_named_with_the_method_and_what_it_ta
     write_jsonl(tmp_path / "part-0.jsonl", range(3))
     with pytest.raises(TypeError, match=r"^Stream.jsonl\(\) got an unexpected keyword argument "
                        r"'shuffle_windw' \(did you mean shuffle_window=\?\); it takes "
-                       r"shuffle_window=, shuffle_shards=$"):
+                       r"shuffle_window=, shuffle_shards=, append_only=$"):
         jl.Stream.jsonl(tmp_path, shuffle_windw=8)
     with pytest.raises(TypeError, match=r"^Stream.from_generator\(\) got .* 'bogus'; it takes"):
         jl.Stream.from_generator(lambda shard: range(3), shards=1, bogus=1)
