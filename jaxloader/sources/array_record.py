@@ -126,18 +126,18 @@ class ArrayRecordSource(Source):
         ``source[i]``, one thread's open closed the least recently used reader as another read
         through it ("Object closed", told as a damaged file)."""
         path = self.paths[k]
-        try:
-            with self._readers.using(k, lambda: self._opened(k)) as reader:
+        with self._readers.using(k, lambda: self._opened(k)) as reader:  # (its open's errors
+            try:  # as they are: a file changed, named so)
                 got = reader.read(records)
-        except (RuntimeError, OSError, ValueError) as e:  # (Riegeli's: "Corrupted ... file")
-            if again and self._stats[k] is not None and _stat(path) != self._stats[k]:
-                self._check(k)  # (rewritten as it was read: named as changed)
-                return self._read(k, records, again=False)
-            shown = ", ".join(map(str, records[:4])) + (", ..." if len(records) > 4 else "")
-            raise RecordError(
-                f"ArrayRecordSource: file {path!r}, records [{shown}] of it: cannot be read "
-                f"({type(e).__name__}: {e}); the file is damaged: re-create or re-download it, "
-                "or leave it out of the paths") from e
+            except (RuntimeError, OSError, ValueError) as e:  # (Riegeli's: "Corrupted ...")
+                if again and self._stats[k] is not None and _stat(path) != self._stats[k]:
+                    self._check(k)  # (rewritten as it was read: named as changed)
+                    return self._read(k, records, again=False)
+                shown = ", ".join(map(str, records[:4])) + (", ..." if len(records) > 4 else "")
+                raise RecordError(
+                    f"ArrayRecordSource: file {path!r}, records [{shown}] of it: cannot be read "
+                    f"({type(e).__name__}: {e}); the file is damaged: re-create or re-download "
+                    "it, or leave it out of the paths") from e
         if self._stats[k] is not None and _stat(path) != self._stats[k]:
             self._check(k)  # (written before or as it was read: records of the new file)
             if again:
