@@ -158,16 +158,21 @@ class FileShard:
             self._file.close()
             self._file = None
 
-    def _check_unmoved(self, where: str) -> None:
-        """Raises if the file was modified since it was opened (or, ``append_only``, since
-        the last look) other than by records appended to it."""
+    def _moved(self) -> os.stat_result | None:
+        """The open file's stat where it was modified since it was opened (or the last look),
+        else ``None`` (also where it cannot say)."""
         if self._mtime is None or self._file is None or self._file.closed:
-            return
+            return None
         try:
             now = os.fstat(self._file.fileno())
         except OSError:  # (not to hide the error being reported: it says what it can)
-            return
-        if now.st_mtime_ns == self._mtime:
+            return None
+        return None if now.st_mtime_ns == self._mtime else now
+
+    def _check_unmoved(self, where: str) -> None:
+        """Raises if the file was modified since it was opened (or, ``append_only``, since
+        the last look) other than by records appended to it."""
+        if (now := self._moved()) is None:
             return
         if self.append_only and now.st_size >= self._file.tell() and starts_as(
                 self, self._identity["size"], self._identity["head"], self._file.fileno()):

@@ -101,13 +101,7 @@ class TarShard(FileShard):
         """A tar changed while read is refused, ``append_only`` or not: one appended to in
         place has its end marker rewritten, and what follows it was read as another archive
         joined on, or left out (``FileShard``'s check took the growth for lines appended)."""
-        if self._mtime is None or self._file is None or self._file.closed:
-            return
-        try:
-            now = os.fstat(self._file.fileno())
-        except OSError:  # (not to hide the error being reported: it says what it can)
-            return
-        if now.st_mtime_ns != self._mtime:
+        if (now := self._moved()) is not None:
             raise RecordError(
                 f"{self.path}: the file was modified while read ({where}; "
                 f"{self._identity['size']:,} bytes when opened, {now.st_size:,} now): the "
