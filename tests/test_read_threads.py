@@ -325,14 +325,21 @@ it = iter(loader); next(it); next(it)
 if sys.argv[1] == "close":  # a read under way as the loader closes
     threading.Thread(target=next, args=(it,), daemon=True).start()
     time.sleep(0.5)
-else:  # a Ctrl-C while next() waits for the stuck read
-    threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident,
-                                              signal.SIGINT)).start()
-    start = time.monotonic()
+else:  # a Ctrl-C while next() waits for the stuck read (again each 0.5 s: one that lands
+    caught = []  # just before the wait begins is not seen by it, with any code)
+
+    def press():  # (none once it is caught: the exit must not need one)
+        for _ in range(10):
+            time.sleep(0.5)
+            if caught:
+                return
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    threading.Thread(target=press, daemon=True).start()
     try:
         next(it)
     except KeyboardInterrupt:
-        print("interrupted in time:", time.monotonic() - start < 10, flush=True)
+        caught.append(1)
+        print("interrupted", flush=True)
 loader.close()
 print("leaving", flush=True)
 """
@@ -355,7 +362,7 @@ def test_a_read_that_never_returns_keeps_neither_a_ctrl_c_nor_the_exit_waiting(h
         pytest.fail(f"the process did not end: {e.stdout!r} {e.stderr!r}")
     assert done.returncode == 0 and "leaving" in done.stdout, done.stderr[-3000:]
     if how == "interrupt":
-        assert "interrupted in time: True" in done.stdout, done.stdout
+        assert "interrupted" in done.stdout, done.stdout
 
 
 def test_a_pool_whose_thread_cannot_start_queues_nothing_and_runs_later_calls(monkeypatch):
