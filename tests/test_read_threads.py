@@ -309,6 +309,8 @@ STUCK_READ = """
 import signal, sys, threading, time
 import numpy as np, jaxloader as jl
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a CI started in the background
+# has SIGINT ignored, and its children inherit that: Python then leaves it ignored)
 stuck = threading.Event()  # never set: a read on a mount whose server went away
 
 
