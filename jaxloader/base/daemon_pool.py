@@ -57,9 +57,13 @@ class DaemonPool:
                                           name=f"{self._name}_{len(self._threads)}")
                 try:
                     thread.start()
-                except RuntimeError:  # ("can't start new thread": the others take it)
+                except RuntimeError as e:  # ("can't start new thread": the others take it)
                     if not self._threads:
-                        raise
+                        raise RuntimeError(
+                            f"{self._name}: could start none of its {self._n} threads ({e}): "
+                            "the process is at its thread limit (a container's pids.max, "
+                            "ulimit -u); ask for fewer (read_threads=) or raise the limit"
+                        ) from e
                 else:
                     self._threads.append(thread)
             future: futures.Future = futures.Future()
